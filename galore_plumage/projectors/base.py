@@ -1,0 +1,303 @@
+"""What every projector shares: which modes it projects, when it refreshes, how it moves between bases.
+
+A projector keeps, for each projected mode k of the gradient, a factor F_k (dim_k × r) whose columns span
+the kept subspace. For a matrix, mode 0 is GaLore's left side (R = Pᵀ G) and mode 1 its right side
+(R = G P); a Tucker projector uses every mode of a tensor.
+
+    project(G)      = G ×_k F_kᵀ                        the low-rank gradient R
+    project_back(Z) = scale · (D⁻¹ Z) ×_k F_k           D⁻¹: PLUMAGE's 1/p along the sampled mode
+    transition      = {k: B_k = F_newᵀ F_old}           r × r, moves low-rank moments to the new basis
+
+Subclasses only say how a new basis is made (`_new_basis`); the schedule, the guards against bad
+gradients, the adaptive interval, the transition and the state live here.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from .interval import mean_principal_cosine, next_interval
+
+PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
+DEFAULT_TAU_MAX_FACTOR = 4  # tau_max defaults to 4 × update_proj_gap when adaptive_interval is on
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class Basis:
+    """What a subclass makes at a refresh."""
+
+    factors: dict[int, torch.Tensor]  # mode -> dim_k × r_k
+    inv_p: torch.Tensor | None = None  # 1/p of the sampled directions (one-sided PLUMAGE), float
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def projected_modes(shape: torch.Size | tuple[int, ...], proj_type: str) -> tuple[int, ...]:
+    """The modes a matrix gradient is projected on, as galore-torch chooses them (0 = left, 1 = right)."""
+    m, n = shape
+    sides = {
+        "std": (1,) if m >= n else (0,),
+        "reverse_std": (0,) if m >= n else (1,),
+        "left": (0,),
+        "right": (1,),
+        "full": (0, 1),
+    }
+    if proj_type not in sides:
+        raise ValueError(f"unknown proj_type {proj_type!r}; choose one of {', '.join(PROJ_TYPES)}")
+    return sides[proj_type]
+
+
+def mode_product(x: torch.Tensor, matrix: torch.Tensor, mode: int) -> torch.Tensor:
+    """x ×_mode matrix: replaces axis `mode` of x (length b) by matrix @ that axis (matrix is a × b)."""
+    if x.dim() == 2:
+        return matrix @ x if mode == 0 else x @ matrix.T
+    return torch.movedim(torch.tensordot(matrix, x, dims=([1], [mode])), 0, mode)
+
+
+def refresh_generator(seed: int, index: int, count: int) -> torch.Generator:
+    """The generator for refresh number `count` of parameter `index`: a pure function of the three.
+
+    Data-parallel ranks therefore draw the same bases without communicating, a resumed run repeats
+    the uninterrupted one, and nothing depends on (or disturbs) the global RNG. Always a CPU generator,
+    so the draws are also the same on every device.
+    """
+    state = 0
+    for value in (seed, index, count):
+        state = _splitmix64(state ^ (int(value) & _MASK64))
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(state >> 1)  # manual_seed takes 63 bits
+    return generator
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class Projector:
+    """Base class. Subclasses set the class attributes (the registry reads them) and `_new_basis`."""
+
+    name: ClassVar[str] = "base"
+    description: ClassVar[str] = ""
+    proj_types: ClassVar[tuple[str, ...]] = PROJ_TYPES
+    unbiased: ClassVar[bool] = False  # E[project_back(project(G))] = G (at scale 1)
+    tensors: ClassVar[bool] = False  # accepts gradients with more than 2 dims
+    stores_factors: ClassVar[bool] = True  # False: factors are regenerated from the seed on load
+
+    def __init__(
+        self,
+        rank: int,
+        proj_type: str = "std",
+        update_proj_gap: int = 200,
+        scale: float = 1.0,
+        seed: int = 0,
+        index: int = 0,
+        adaptive_interval: bool = False,
+        tau_max: int | None = None,
+    ):
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
+        if isinstance(update_proj_gap, bool) or not isinstance(update_proj_gap, int) or update_proj_gap < 1:
+            raise ValueError(f"update_proj_gap must be an integer >= 1, got {update_proj_gap!r}")
+        if proj_type not in self.proj_types:
+            raise ValueError(
+                f"projector {self.name!r} does not support proj_type={proj_type!r}; "
+                f"choose one of {', '.join(self.proj_types)}"
+            )
+        if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        tau_max = DEFAULT_TAU_MAX_FACTOR * update_proj_gap if tau_max is None else tau_max
+        if isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < update_proj_gap:
+            raise ValueError(f"tau_max must be an integer >= update_proj_gap={update_proj_gap}, got {tau_max!r}")
+
+        self.rank, self.proj_type, self.scale = rank, proj_type, float(scale)
+        self.seed, self.index = int(seed), int(index)
+        self.adaptive_interval, self.tau_min, self.tau_max = bool(adaptive_interval), update_proj_gap, tau_max
+        self.tau = update_proj_gap
+        self.shape: tuple[int, ...] | None = None
+        self._rank_per_mode: dict[int, int] = {}
+        self.factors: dict[int, torch.Tensor] = {}
+        self.inv_p: torch.Tensor | None = None
+        self.transition: dict[int, torch.Tensor] | None = None  # set by the latest refresh that moved the basis
+        self.refresh_count = 0
+        self.next_refresh = 0
+        self.stats: dict[str, float] = {"refreshes": 0, "skipped_refreshes": 0, "tau": self.tau}
+
+    # ----------------------------------------------------------------- what subclasses provide
+    def _new_basis(self, grad: torch.Tensor, ranks: dict[int, int], generator: torch.Generator) -> Basis | None:
+        """A new basis for `grad` (finite, non-zero, float32/64); None keeps the previous one."""
+        raise NotImplementedError
+
+    def _ranks(self, shape: tuple[int, ...]) -> dict[int, int]:
+        """Rank per projected mode. Matrices: rank clamped to min(m, n), with a warning."""
+        smallest = min(shape)
+        if self.rank >= smallest:
+            warnings.warn(
+                f"{self.name} projector: rank {self.rank} >= min(m, n) = {smallest} for a gradient of shape "
+                f"{tuple(shape)}; using rank {smallest}: the projection then keeps everything and saves no memory",
+                stacklevel=3,
+            )
+        return {mode: min(self.rank, smallest) for mode in projected_modes(shape, self.proj_type)}
+
+    # ----------------------------------------------------------------- schedule
+    @property
+    def ready(self) -> bool:
+        """True once a basis exists (the first refresh may be deferred by a bad gradient)."""
+        return self.refresh_count > 0
+
+    def due(self, step: int) -> bool:
+        return not self.ready or step >= self.next_refresh
+
+    def maybe_refresh(self, grad: torch.Tensor, step: int) -> bool:
+        return self.refresh(grad, step) if self.due(step) else False
+
+    def refresh(self, grad: torch.Tensor, step: int) -> bool:
+        """Make a new basis from `grad`. Returns True if the basis changed (then `transition` is set).
+
+        A non-finite or all-zero gradient keeps the previous basis (or defers the first one) and is
+        retried at the next call: a basis built from it would put NaN or noise into every later step.
+        """
+        self._check_shape(grad)
+        if not bool(torch.isfinite(grad).all()) or not bool(grad.any()):
+            self.stats["skipped_refreshes"] += 1
+            return False
+        ranks = self._rank_per_mode or self._ranks(tuple(grad.shape))
+        generator = refresh_generator(self.seed, self.index, self.refresh_count)
+        basis = self._new_basis(grad.detach().to(_compute_dtype(grad)), ranks, generator)
+        if basis is None:
+            self.stats["skipped_refreshes"] += 1
+            return False
+        if self.shape is None:
+            self.shape, self._rank_per_mode = tuple(grad.shape), ranks
+
+        old = self.factors
+        self.transition = None
+        if old:
+            self.transition = {k: basis.factors[k].T @ old[k].to(basis.factors[k]) for k in basis.factors}
+            rho = sum(mean_principal_cosine(old[k], basis.factors[k]) for k in basis.factors)
+            rho /= max(len(basis.factors), 1)
+            self.stats["rho"] = rho
+            if self.adaptive_interval:
+                self.tau = next_interval(rho, self.tau, self.tau_min, self.tau_max)
+        self.factors, self.inv_p = basis.factors, basis.inv_p
+        self.refresh_count += 1
+        self.next_refresh = step + self.tau
+        self.stats.update(basis.stats, refreshes=self.refresh_count, tau=self.tau)
+        return True
+
+    # ----------------------------------------------------------------- the maps
+    def project(self, grad: torch.Tensor) -> torch.Tensor:
+        """R = G ×_k F_kᵀ, in float32 (float64 for float64 gradients)."""
+        self._require_ready("project")
+        self._follow_device(grad.device)
+        x = grad.to(self._dtype)
+        for mode, factor in self.factors.items():
+            x = mode_product(x, factor.T, mode)
+        return x
+
+    def project_back(self, low: torch.Tensor) -> torch.Tensor:
+        """scale · (D⁻¹ Z) ×_k F_k: a full-size update from a low-rank one."""
+        self._require_ready("project_back")
+        self._follow_device(low.device)
+        x = low
+        if self.inv_p is not None:
+            (mode,) = self.factors
+            x = x * _along(self.inv_p, mode, x.dim())
+        for mode, factor in self.factors.items():
+            x = mode_product(x, factor, mode)
+        return x * self.scale if self.scale != 1.0 else x
+
+    def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
+        """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""
+        if self.transition is None:
+            return low
+        x = low
+        for mode, b in self.transition.items():
+            x = mode_product(x, b * b if squared else b, mode)
+        return x
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """Plain tensors, numbers and lists: loads with torch.load(weights_only=True)."""
+        state = {
+            "name": self.name,
+            "rank": self.rank,
+            "proj_type": self.proj_type,
+            "scale": self.scale,
+            "seed": self.seed,
+            "index": self.index,
+            "tau": self.tau,
+            "refresh_count": self.refresh_count,
+            "next_refresh": self.next_refresh,
+            "shape": list(self.shape) if self.shape is not None else None,
+            "rank_per_mode": dict(self._rank_per_mode),
+            "stats": dict(self.stats),
+            "dtype": str(self._dtype).removeprefix("torch."),
+        }
+        if self.stores_factors:
+            state["factors"] = dict(self.factors)
+        if self.inv_p is not None:
+            state["inv_p"] = self.inv_p
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("name") != self.name:
+            raise ValueError(f"state was saved by projector {state.get('name')!r}, not {self.name!r}")
+        self.rank, self.proj_type, self.scale = state["rank"], state["proj_type"], state["scale"]
+        self.seed, self.index, self.tau = state["seed"], state["index"], state["tau"]
+        self.refresh_count, self.next_refresh = state["refresh_count"], state["next_refresh"]
+        self.shape = tuple(state["shape"]) if state["shape"] is not None else None
+        self._rank_per_mode = {int(k): int(v) for k, v in state["rank_per_mode"].items()}
+        self.stats = dict(state["stats"])
+        if self.stores_factors:
+            self.factors = {int(k): v for k, v in state["factors"].items()}
+        else:
+            self.factors = self._regenerate(getattr(torch, state["dtype"]))
+        self.inv_p = state.get("inv_p")
+        self.transition = None
+
+    def _regenerate(self, dtype: torch.dtype) -> dict[int, torch.Tensor]:
+        raise NotImplementedError(f"projector {self.name!r} stores its factors")
+
+    # ----------------------------------------------------------------- helpers
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(iter(self.factors.values())).dtype if self.factors else torch.float32
+
+    def _require_ready(self, what: str) -> None:
+        if not self.ready:
+            raise RuntimeError(f"{self.name} projector: {what}() before any basis exists; call refresh(grad, step) first")
+
+    def _follow_device(self, device: torch.device) -> None:
+        if self.factors and next(iter(self.factors.values())).device != device:
+            self.factors = {k: f.to(device) for k, f in self.factors.items()}
+            self.inv_p = self.inv_p.to(device) if self.inv_p is not None else None
+
+    def _check_shape(self, grad: torch.Tensor) -> None:
+        if grad.dim() < 2 or (grad.dim() > 2 and not self.tensors):
+            hint = "use the 'tucker' projector" if grad.dim() > 2 else "keep 1-D parameters (biases, norms) in a regular group"
+            raise ValueError(
+                f"projector {self.name!r} needs a {'2-D' if not self.tensors else '>= 2-D'} gradient, "
+                f"got shape {tuple(grad.shape)}: {hint}"
+            )
+        if self.shape is not None and tuple(grad.shape) != self.shape:
+            raise ValueError(f"{self.name} projector was built for shape {self.shape}, got {tuple(grad.shape)}")
+
+
+def _compute_dtype(grad: torch.Tensor) -> torch.dtype:
+    return torch.float64 if grad.dtype == torch.float64 else torch.float32
+
+
+def _along(vector: torch.Tensor, mode: int, ndim: int) -> torch.Tensor:
+    """Reshape a vector so it broadcasts along axis `mode` of an ndim-tensor."""
+    shape = [1] * ndim
+    shape[mode] = -1
+    return vector.view(shape)

@@ -1,0 +1,42 @@
+"""How far a basis moved between refreshes, and the paper's adaptive refresh interval (S/MP/A).
+
+The overlap rho of two bases is the mean cosine of the principal angles between their spans
+(1 = same subspace, 0 = orthogonal). A basis that barely moves can be refreshed less often; one that
+turned over should be refreshed soon. The controller has a dead band (0.4 <= rho <= 0.6) so tau does
+not oscillate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MAX_OVERLAP_COLUMNS = 64  # the leading columns compared: enough to tell, cheap to orthonormalize
+
+RESET_BELOW = 0.3  # the subspace turned over: back to the shortest interval
+HALVE_BELOW = 0.4
+DOUBLE_ABOVE = 0.6
+
+
+def mean_principal_cosine(old: torch.Tensor, new: torch.Tensor, max_columns: int = MAX_OVERLAP_COLUMNS) -> float:
+    """Mean cosine of the principal angles between span(old[:, :c]) and span(new[:, :c]).
+
+    The cosines are the singular values of Q_oldᵀ Q_new for orthonormal Q; the QR makes this also right
+    for bases that are not orthonormal (FLORA's Gaussian ones).
+    """
+    if old.dim() != 2 or new.dim() != 2 or old.shape[0] != new.shape[0]:
+        raise ValueError(f"bases must be 2-D with equal row counts, got {tuple(old.shape)} and {tuple(new.shape)}")
+    columns = min(max_columns, old.shape[1], new.shape[1])
+    q_old = torch.linalg.qr(old[:, :columns].double()).Q
+    q_new = torch.linalg.qr(new[:, :columns].double()).Q
+    return torch.linalg.svdvals(q_old.T @ q_new).clamp(max=1.0).mean().item()
+
+
+def next_interval(rho: float, tau: int, tau_min: int, tau_max: int) -> int:
+    """The paper's hysteresis rule: reset, halve, keep or double the refresh interval tau."""
+    if rho < RESET_BELOW:
+        return tau_min
+    if rho < HALVE_BELOW:
+        return max(tau // 2, tau_min)
+    if rho > DOUBLE_ABOVE:
+        return min(2 * tau, tau_max)
+    return tau

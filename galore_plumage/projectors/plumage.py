@@ -1,0 +1,33 @@
+"""PLUMAGE: r singular vectors sampled without replacement with min-variance probabilities, rescaled by 1/p.
+
+With P = U[:, I] (or V[:, I]) and D = diag(p_I), Ĝ = P D⁻¹ Pᵀ G (left) or G P D⁻¹ Pᵀ (right) is unbiased,
+E[Ĝ] = G, with the least trace variance Σ (1/p_i − 1) σ_i² of any such k-sparse estimator. Moments are
+kept on the unscaled R = Pᵀ G; D⁻¹ is applied in project_back.
+"""
+
+from __future__ import annotations
+
+from .base import Basis, Projector
+from .sampling import inclusion_probabilities, systematic_sample
+from .svd import singular_factor, thin_svd
+
+
+class PlumageProjector(Projector):
+    name = "plumage"
+    description = "PLUMAGE: singular vectors sampled with min-variance inclusion probabilities, 1/p-rescaled (unbiased)"
+    proj_types = ("std", "reverse_std", "left", "right")  # one-sided: the estimator samples one side's vectors
+    unbiased = True
+
+    def _new_basis(self, grad, ranks, generator):
+        decomposition = thin_svd(grad)
+        if decomposition is None:
+            return None
+        u, sigma, vh = decomposition
+        ((mode, rank),) = ranks.items()
+        r_star, p = inclusion_probabilities(sigma, rank)
+        chosen = systematic_sample(p, rank, generator)
+        p_chosen = p[chosen]
+        inv_p = (1.0 / p_chosen).to(device=grad.device, dtype=grad.dtype)
+        factor = singular_factor(u, vh, mode, chosen.to(grad.device))
+        stats = {"r_star": r_star, "min_p": p_chosen.min().item(), "max_inv_p": (1.0 / p_chosen).max().item()}
+        return Basis({mode: factor}, inv_p=inv_p, stats=stats)
