@@ -1,0 +1,199 @@
+"""Low-rank optimizers: backends × projectors, a name registry, and build_optimizer for a model.
+
+Names, for each backend b in adamw, adamw8bit, adafactor, sgdm:
+    b            full-rank (no projection)           galore_b   svd projector, no realignment
+    plumage_b    plumage projector, realign mv        flora_b    random projector, realign m
+and `<name>_per_layer` for each (weights step inside their gradient hooks). galore-torch's names keep
+working: adam, adam8bit, adafactor, sgd, galore_adamw, galore_adamw8bit, galore_adafactor,
+galore_adamw8bit_per_layer.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..projectors import projector_spec
+from .adafactor import AdafactorBackend, GaLoreAdafactor, PlumageAdafactor
+from .adamw import AdamWBackend, GaLoreAdamW, PlumageAdamW
+from .adamw8bit import AdamW8bitBackend, GaLoreAdamW8bit, PlumageAdamW8bit
+from .base import LOW_RANK_DEFAULTS, Backend, LowRankOptimizer, Update
+from .layerwise import LayerwiseOptimizer
+from .realign import RULES
+from .sgdm import GaLoreSGDM, PlumageSGDM, SGDMomentumBackend
+
+BACKENDS: dict[str, type[Backend]] = {
+    cls.name: cls for cls in (AdamWBackend, AdamW8bitBackend, AdafactorBackend, SGDMomentumBackend)
+}
+FAMILIES = {  # prefix -> (projector, realign, what it is)
+    "": (None, "none", "full-rank"),
+    "galore_": ("svd", "none", "GaLore: top-r SVD projection"),
+    "plumage_": ("plumage", "mv", "PLUMAGE: sampled unbiased projection, M and V realigned"),
+    "flora_": ("random", "m", "FLORA: Gaussian projection, momentum transferred"),
+}
+ALIASES = {"adam": "adamw", "adam8bit": "adamw8bit", "sgd": "sgdm"}
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str
+    backend: str
+    projector: str | None  # None: full-rank
+    realign: str
+    per_layer: bool
+    description: str
+
+
+def _build_registry() -> dict[str, OptimizerSpec]:
+    registry = {}
+    for backend in BACKENDS:
+        for prefix, (projector, realign, what) in FAMILIES.items():
+            for per_layer in (False, True):
+                name = f"{prefix}{backend}" + ("_per_layer" if per_layer else "")
+                description = f"{what}, {backend} moments" + (", per-layer steps" if per_layer else "")
+                registry[name] = OptimizerSpec(name, backend, projector, realign, per_layer, description)
+    for alias, target in ALIASES.items():
+        spec = registry[target]
+        registry[alias] = OptimizerSpec(alias, spec.backend, None, "none", False, f"alias of {target}")
+    return registry
+
+
+_REGISTRY = _build_registry()
+
+
+def list_optimizers() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def optimizer_spec(name: str) -> OptimizerSpec:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown optimizer {name!r}; choose one of: {', '.join(list_optimizers())}")
+    return _REGISTRY[name]
+
+
+@functools.cache
+def optimizer_class(backend: str) -> type[LowRankOptimizer]:
+    """The generic LowRankOptimizer subclass for a backend name."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
+    return type(f"LowRank_{backend}", (LowRankOptimizer,), {"backend": BACKENDS[backend]()})
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    shape: tuple[int, ...]
+    low_rank: bool
+    reason: str
+
+
+def route_parameters(model: nn.Module, target_modules, projector: str | None) -> list[Route]:
+    """Decide, for every trainable parameter, low-rank or regular, and why."""
+    tensors_ok = projector is not None and projector_spec(projector).tensors
+    projectable = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d) if tensors_ok else (nn.Linear,)
+    routes = []
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad:
+                continue
+            full_name = f"{module_name}.{param_name}" if module_name else param_name
+            if projector is None:
+                routes.append(Route(full_name, tuple(param.shape), False, "full-rank optimizer"))
+            elif param_name != "weight" or not isinstance(module, projectable):
+                kind = "bias" if param_name == "bias" else f"{type(module).__name__}.{param_name}"
+                routes.append(Route(full_name, tuple(param.shape), False, f"{kind}: not a projectable weight"))
+            elif not any(target in module_name for target in target_modules):
+                routes.append(Route(full_name, tuple(param.shape), False, f"module matches none of {list(target_modules)}"))
+            else:
+                routes.append(Route(full_name, tuple(param.shape), True, "low-rank"))
+    return routes
+
+
+def describe_routing(routes: list[Route], rank: int | None = None) -> str:
+    low = [r for r in routes if r.low_rank]
+    lines = [f"{len(low)} of {len(routes)} trainable tensors low-rank" + (f" (rank {rank})" if low else "")]
+    lines += [f"  {'low-rank' if r.low_rank else 'regular ':8s} {r.name} {list(r.shape)}  {r.reason}" for r in routes]
+    return "\n".join(lines)
+
+
+def build_optimizer(
+    name: str,
+    model: nn.Module,
+    lr: float | None = None,
+    rank: int = 128,
+    target_modules=("attn", "mlp"),
+    update_proj_gap: int = 200,
+    scale: float | None = None,
+    proj_type: str = "std",
+    projector: str | None = None,
+    realign: str | None = None,
+    accumulation_steps: int = 1,
+    grad_clipping: float = 0.0,
+    verbose: bool = False,
+    **options,
+) -> LowRankOptimizer | LayerwiseOptimizer:
+    """An optimizer `name` (see list_optimizers) over `model`'s trainable parameters.
+
+    The weights of nn.Linear modules whose name contains one of `target_modules` form the low-rank group;
+    everything else (embeddings, norms, biases, the head) a regular one. `projector=` / `realign=`
+    override the name's. `scale` defaults to 0.25 for galore_* (GaLore's recipe) and 1.0 otherwise.
+    The routing is kept on the optimizer as `.routing` and printed when verbose.
+    """
+    spec = optimizer_spec(name)
+    projector = projector if projector is not None else spec.projector
+    if spec.projector is None and projector is not None:
+        raise ValueError(f"optimizer {name!r} is full-rank; pick a low-rank name (e.g. plumage_{spec.backend}) "
+                         f"to use projector={projector!r}")
+    routes = route_parameters(model, target_modules, projector)
+    params = dict(model.named_parameters())
+    regular = [params[r.name] for r in routes if not r.low_rank]
+    low_rank = [params[r.name] for r in routes if r.low_rank]
+    groups = [{"params": regular}] if regular else []
+    if low_rank:
+        scale = scale if scale is not None else (0.25 if spec.projector == "svd" else 1.0)
+        groups.append({
+            "params": low_rank, "rank": rank, "update_proj_gap": update_proj_gap, "scale": scale,
+            "proj_type": proj_type, "projector": projector,
+            "realign": realign if realign is not None else spec.realign,
+        })
+    if lr is not None:
+        options["lr"] = lr
+    optimizer = optimizer_class(spec.backend)(groups, **options)
+    optimizer.routing = routes
+    if verbose:
+        print(describe_routing(routes, rank))
+    if spec.per_layer:
+        LayerwiseOptimizer.refuse_clipping(grad_clipping)
+        wrapped = LayerwiseOptimizer(optimizer, accumulation_steps)
+        wrapped.routing = routes
+        return wrapped
+    return optimizer
+
+
+__all__ = [
+    "BACKENDS",
+    "LOW_RANK_DEFAULTS",
+    "RULES",
+    "Backend",
+    "GaLoreAdafactor",
+    "GaLoreAdamW",
+    "GaLoreAdamW8bit",
+    "GaLoreSGDM",
+    "LayerwiseOptimizer",
+    "LowRankOptimizer",
+    "OptimizerSpec",
+    "PlumageAdafactor",
+    "PlumageAdamW",
+    "PlumageAdamW8bit",
+    "PlumageSGDM",
+    "Route",
+    "Update",
+    "build_optimizer",
+    "describe_routing",
+    "list_optimizers",
+    "optimizer_class",
+    "optimizer_spec",
+    "route_parameters",
+]

@@ -1,0 +1,126 @@
+"""Adafactor (galore-torch / transformers semantics): factored second moment, optional relative step.
+
+The step size is computed per parameter: with relative_step it is min(1e-2, 1/√t) (or 1e-6·t with
+warmup_init), times max(eps₂, RMS(W)) when scale_parameter; otherwise the group's lr. Decay is applied
+before the update with that step size, as galore-torch does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
+from .realign import realign_dense, realign_factored
+
+
+def _rms(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.norm(2) / (tensor.numel() ** 0.5)
+
+
+def _inverse_sqrt_factored(row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+    """1/√V̂ for V̂ = row ⊗ col / mean(row)."""
+    r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+    c_factor = col.unsqueeze(-2).rsqrt()
+    return torch.mul(r_factor, c_factor)
+
+
+def adafactor_step_size(group: dict, step: int, rms: float) -> float:
+    step_size = group["lr"]
+    if group["relative_step"]:
+        min_step = 1e-6 * step if group["warmup_init"] else 1e-2
+        step_size = min(min_step, 1.0 / math.sqrt(step))
+    scale = max(group["eps"][1], rms) if group["scale_parameter"] else 1.0
+    return scale * step_size
+
+
+class AdafactorBackend(Backend):
+    name = "adafactor"
+    decay_first = True
+    defaults = {
+        "lr": None,
+        "eps": (1e-30, 1e-3),
+        "clip_threshold": 1.0,
+        "decay_rate": -0.8,
+        "beta1": None,
+        "weight_decay": 0.0,
+        "scale_parameter": True,
+        "relative_step": True,
+        "warmup_init": False,
+    }
+
+    def validate(self, group):
+        if group["lr"] is not None and group["relative_step"]:
+            raise ValueError(f"Cannot combine manual lr={group['lr']} and relative_step=True; pass relative_step=False")
+        if group["lr"] is None and not group["relative_step"]:
+            raise ValueError("Adafactor needs an lr when relative_step=False")
+        if group["warmup_init"] and not group["relative_step"]:
+            raise ValueError("warmup_init=True requires relative_step=True")
+        if group["lr"] is not None and group["lr"] < 0:
+            raise ValueError(f"Invalid learning rate: {group['lr']} - should be >= 0.0")
+        if group["beta1"] is not None and not 0.0 <= group["beta1"] < 1.0:
+            raise ValueError(f"Invalid beta1: {group['beta1']} - should be in [0.0, 1.0) or None")
+
+    def update(self, state, grad, group, param):
+        grad = grad.float()
+        factored = grad.dim() >= 2
+        if "RMS" not in state:
+            if group["beta1"] is not None:
+                state["exp_avg"] = torch.zeros_like(grad)
+            if factored:
+                state["exp_avg_sq_row"] = torch.zeros(grad.shape[:-1], dtype=grad.dtype, device=grad.device)
+                state["exp_avg_sq_col"] = torch.zeros(grad.shape[:-2] + grad.shape[-1:], dtype=grad.dtype, device=grad.device)
+            else:
+                state["exp_avg_sq"] = torch.zeros_like(grad)
+        step = state["step"]
+        state["RMS"] = _rms(param.float()).item()
+        step_size = adafactor_step_size(group, step, state["RMS"])
+        beta2t = 1.0 - math.pow(step, group["decay_rate"])
+
+        update = grad**2 + group["eps"][0]
+        if factored:
+            row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
+            row.mul_(beta2t).add_(update.mean(dim=-1), alpha=1.0 - beta2t)
+            col.mul_(beta2t).add_(update.mean(dim=-2), alpha=1.0 - beta2t)
+            update = _inverse_sqrt_factored(row, col).mul_(grad)
+        else:
+            state["exp_avg_sq"].mul_(beta2t).add_(update, alpha=1.0 - beta2t)
+            update = state["exp_avg_sq"].rsqrt().mul_(grad)
+        update.div_((_rms(update) / group["clip_threshold"]).clamp_(min=1.0))
+        update.mul_(step_size)
+        if group["beta1"] is not None:
+            state["exp_avg"].mul_(group["beta1"]).add_(update, alpha=1.0 - group["beta1"])
+            update = state["exp_avg"]
+        return Update(update, 1.0, group["weight_decay"] * step_size)
+
+    def realign(self, state, projector, rule):
+        """The first moment (an average of updates, not gradients) moves with B; the factored V with B∘B.
+
+        Adafactor keeps no gradient mean, so mv_meansplit has no mean to split off and equals mv.
+        """
+        if "RMS" not in state or rule == "none":
+            return
+        if "exp_avg" in state:
+            state["exp_avg"], _ = realign_dense(state["exp_avg"], None, projector, "m")
+        if rule == "m":
+            return
+        if "exp_avg_sq_row" in state:
+            state["exp_avg_sq_row"], state["exp_avg_sq_col"] = realign_factored(
+                state["exp_avg_sq_row"], state["exp_avg_sq_col"], projector
+            )
+        else:
+            _, state["exp_avg_sq"] = realign_dense(None, state["exp_avg_sq"], projector, "mv")
+
+
+class GaLoreAdafactor(LowRankOptimizer):
+    """Drop-in for galore_torch.GaLoreAdafactor."""
+
+    backend = AdafactorBackend()
+
+
+class PlumageAdafactor(LowRankOptimizer):
+    """Adafactor on PLUMAGE's projection; the factored second moment is transported exactly."""
+
+    backend = AdafactorBackend()
+    class_defaults = PLUMAGE_DEFAULTS

@@ -1,0 +1,127 @@
+"""8-bit AdamW: bitsandbytes' blockwise-quantized moments through its functional API, on CPU and CUDA.
+
+The low-rank update is computed by bitsandbytes' own kernel into a zeroed low-rank scratch tensor (so
+neither p.data is swapped, as galore-torch does, nor a full-size copy of the weight made); tensors with
+fewer than `min_8bit_size` elements keep fp32 moments, as in bitsandbytes. Realignment dequantizes,
+transports and requantizes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
+from .realign import realign_dense
+
+BLOCKSIZE = 256  # bitsandbytes' block for 8-bit optimizer states
+_QMAPS: dict[tuple[str, bool], torch.Tensor] = {}
+
+
+def _functional():
+    try:
+        import bitsandbytes.functional as functional
+    except ImportError as error:  # an optional backend: say how to get it
+        raise ImportError("the adamw8bit backend needs bitsandbytes: pip install 'bitsandbytes>=0.45'") from error
+    return functional
+
+
+def quantile_map(device: torch.device, signed: bool) -> torch.Tensor:
+    """bitsandbytes' dynamic 8-bit code (signed for M, unsigned for V); a constant, so never checkpointed."""
+    key = (str(device), signed)
+    if key not in _QMAPS:
+        _QMAPS[key] = _functional().create_dynamic_map(signed=signed).to(device)
+    return _QMAPS[key]
+
+
+def dequantize(state: dict, which: int) -> torch.Tensor:
+    code = quantile_map(state[f"state{which}"].device, signed=which == 1)
+    return _functional().dequantize_blockwise(
+        state[f"state{which}"], absmax=state[f"absmax{which}"], code=code, blocksize=BLOCKSIZE
+    )
+
+
+def quantize_into(state: dict, which: int, values: torch.Tensor) -> None:
+    code = quantile_map(values.device, signed=which == 1)
+    quantized, quant_state = _functional().quantize_blockwise(values.contiguous(), code=code, blocksize=BLOCKSIZE)
+    state[f"state{which}"].copy_(quantized.view_as(state[f"state{which}"]))
+    state[f"absmax{which}"].copy_(quant_state.absmax)
+
+
+class AdamW8bitBackend(Backend):
+    name = "adamw8bit"
+    defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2, "min_8bit_size": 4096}
+
+    def validate(self, group):
+        check_non_negative(group, "lr", "eps", "weight_decay")
+        check_betas(group["betas"])
+
+    @staticmethod
+    def _init(state: dict, like: torch.Tensor, group: dict) -> None:
+        if like.numel() < group["min_8bit_size"]:
+            state["state1"] = torch.zeros_like(like, dtype=torch.float32)
+            state["state2"] = torch.zeros_like(like, dtype=torch.float32)
+            return
+        blocks = (like.numel() + BLOCKSIZE - 1) // BLOCKSIZE
+        for which in (1, 2):
+            state[f"state{which}"] = torch.zeros_like(like, dtype=torch.uint8)
+            state[f"absmax{which}"] = torch.zeros(blocks, dtype=torch.float32, device=like.device)
+
+    @staticmethod
+    def _kernel(state: dict, grad: torch.Tensor, target: torch.Tensor, group: dict, weight_decay: float) -> None:
+        """One bitsandbytes Adam step on `target` (the weight, or a zero scratch that receives the update)."""
+        functional = _functional()
+        beta1, beta2 = group["betas"]
+        common = {"g": grad, "p": target, "beta1": beta1, "eps": group["eps"], "step": state["step"], "lr": group["lr"]}
+        if state["state1"].dtype == torch.uint8:
+            functional.optimizer_update_8bit_blockwise(
+                optimizer_name="adam", state1=state["state1"], state2=state["state2"], beta2=beta2, beta3=0.0,
+                alpha=0.0, qmap1=quantile_map(grad.device, True), qmap2=quantile_map(grad.device, False),
+                absmax1=state["absmax1"], absmax2=state["absmax2"], weight_decay=weight_decay, gnorm_scale=1.0,
+                **common,
+            )
+        else:
+            functional.optimizer_update_32bit(
+                optimizer_name="adam", state1=state["state1"], state2=state["state2"], beta2=beta2,
+                weight_decay=weight_decay, **common,
+            )
+
+    def update(self, state, grad, group, param):
+        grad = grad.float().contiguous()
+        if "state1" not in state:
+            self._init(state, grad, group)
+        scratch = torch.zeros_like(grad)
+        self._kernel(state, grad, scratch, group, weight_decay=0.0)
+        # scratch now holds −lr·m̂/(√v̂+ε): the weight moves by +project_back(scratch)
+        return Update(scratch, -1.0, group["lr"] * group["weight_decay"])
+
+    def full_step(self, param, grad, group, state):
+        """Regular (full-rank) weights: the kernel updates the weight in place, decay included."""
+        if "state1" not in state:
+            self._init(state, param, group)
+        self._kernel(state, grad.contiguous(), param, group, weight_decay=group["weight_decay"])
+
+    def realign(self, state, projector, rule):
+        if "state1" not in state or rule == "none":
+            return
+        quantized = state["state1"].dtype == torch.uint8
+        m = dequantize(state, 1) if quantized else state["state1"]
+        v = dequantize(state, 2) if quantized else state["state2"]
+        m, v = realign_dense(m, v, projector, rule)
+        if quantized:
+            quantize_into(state, 1, m)
+            quantize_into(state, 2, v)
+        else:
+            state["state1"], state["state2"] = m, v
+
+
+class GaLoreAdamW8bit(LowRankOptimizer):
+    """Drop-in for galore_torch.GaLoreAdamW8bit, without its CUDA-only synchronize: runs on CPU too."""
+
+    backend = AdamW8bitBackend()
+
+
+class PlumageAdamW8bit(LowRankOptimizer):
+    """8-bit AdamW on PLUMAGE's projection; moments dequantized, realigned and requantized at refreshes."""
+
+    backend = AdamW8bitBackend()
+    class_defaults = PLUMAGE_DEFAULTS

@@ -1,0 +1,232 @@
+"""The low-rank optimizer: one projector per low-rank weight, composed with a moment backend.
+
+A param group with a `rank` key is low-rank (galore-torch's convention); every other group gets the
+backend's plain full-rank update. For a low-rank weight W with gradient G, one step is
+
+    if the projector is due: refresh it from G, then realign the moments through B = P_newᵀ P_old
+    R = project(G)                          (r-dimensional side, fp32)
+    Z, step_size, decay = backend(R)        (the backend owns and updates its moments on R)
+    W ← W − step_size · project_back(Z)     (project_back applies `scale` and PLUMAGE's D⁻¹)
+    W ← W − decay · W                       (decoupled; before the update for Adafactor, as galore-torch)
+
+The state of every parameter is plain tensors and numbers (the projector's included, under "projector"),
+so checkpoints load with torch.load(weights_only=True) and resume exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+from torch.optim import Optimizer
+
+from ..projectors import Projector, build_projector, projector_spec
+from .realign import check_rule
+
+PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "scale": 1.0}
+
+LOW_RANK_DEFAULTS: dict[str, Any] = {
+    "update_proj_gap": 200,
+    "scale": 1.0,
+    "proj_type": "std",
+    "projector": "svd",
+    "realign": "none",
+    "adaptive_interval": False,
+    "tau_max": None,
+    "seed": 0,
+    "stagger": False,  # spread refreshes over the interval so the SVDs do not all land on one step
+}
+
+
+class Update(NamedTuple):
+    direction: torch.Tensor  # low-rank (or full-size) tensor Z
+    step_size: float  # the weight moves by −step_size · project_back(Z)
+    decay: float  # decoupled weight decay: W ← W − decay · W
+
+
+class Backend:
+    """Moments and their update. Holds no state of its own: everything lives in optimizer.state[p]."""
+
+    name: ClassVar[str]
+    defaults: ClassVar[dict[str, Any]]
+    decay_first: ClassVar[bool] = False
+
+    def validate(self, group: dict) -> None:
+        """Raise ValueError naming any bad hyper-parameter of `group`."""
+
+    def update(self, state: dict, grad: torch.Tensor, group: dict, param: torch.Tensor) -> Update:
+        """Advance the moments in `state` with `grad` (state["step"] already counts this step)."""
+        raise NotImplementedError
+
+    def realign(self, state: dict, projector: Projector, rule: str) -> None:
+        """Carry the moments through the projector's latest transition (see realign.py)."""
+        raise NotImplementedError
+
+    def full_step(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:
+        apply_update(param, self.update(state, grad, group, param), None, self.decay_first)
+
+
+def apply_update(param: torch.Tensor, update: Update, projector: Projector | None, decay_first: bool) -> None:
+    if decay_first and update.decay:
+        param.add_(param, alpha=-update.decay)
+    full = projector.project_back(update.direction) if projector is not None else update.direction
+    param.add_(full, alpha=-update.step_size)
+    if not decay_first and update.decay:
+        param.add_(param, alpha=-update.decay)
+
+
+def check_non_negative(group: dict, *keys: str) -> None:
+    for key in keys:
+        value = group[key]
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"Invalid {key}: {value!r} - should be a finite number >= 0.0")
+
+
+def check_betas(betas) -> None:
+    for index, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {index}: {beta} - should be in [0.0, 1.0)")
+
+
+class LowRankOptimizer(Optimizer):
+    """A torch Optimizer whose groups with a `rank` key are trained through a low-rank projector.
+
+    Subclasses fix `backend` and may change the low-rank defaults (`class_defaults`); any option can also
+    be set per group: rank, update_proj_gap, scale, proj_type, projector, realign, adaptive_interval,
+    tau_max, seed, stagger.
+    """
+
+    backend: ClassVar[Backend]
+    class_defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, params, lr: float | None = None, **options):
+        options.pop("no_deprecation_warning", None)  # galore-torch's AdamW flag; nothing is deprecated here
+        if lr is not None:
+            options["lr"] = lr
+        known = {**self.backend.defaults, **LOW_RANK_DEFAULTS}
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected options {unknown}; accepted: {sorted(known)}")
+        self._projectors: dict[torch.Tensor, Projector] = {}
+        self._indices: dict[torch.Tensor, int] = {}
+        super().__init__(params, {**known, **self.class_defaults, **options})
+
+    # ----------------------------------------------------------------- groups
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        self.backend.validate(group)
+        for param in group["params"]:
+            self._indices.setdefault(param, len(self._indices))
+        if "rank" in group:
+            self._validate_low_rank(group, len(self.param_groups) - 1)
+
+    @staticmethod
+    def _validate_low_rank(group: dict, index: int) -> None:
+        spec = projector_spec(group["projector"])  # unknown names fail here, listing the choices
+        check_rule(group["realign"])
+        build_projector(  # the projector validates rank, gap, scale, proj_type, tau_max
+            spec.name, group["rank"], proj_type=group["proj_type"], update_proj_gap=group["update_proj_gap"],
+            scale=group["scale"], seed=group["seed"], adaptive_interval=group["adaptive_interval"],
+            tau_max=group["tau_max"],
+        )
+        for position, param in enumerate(group["params"]):
+            if param.dim() < 2 or (param.dim() > 2 and not spec.tensors):
+                raise ValueError(
+                    f"param {position} of low-rank group {index} has shape {tuple(param.shape)}, but projector "
+                    f"{spec.name!r} needs 2-D weights: move it to a group without 'rank'"
+                    + (" or use projector='tucker'" if param.dim() > 2 else "")
+                )
+
+    # ----------------------------------------------------------------- stepping
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self.step_param(param, group, grad=param.grad)
+        return loss
+
+    @torch.no_grad()
+    def step_param(self, param: torch.Tensor, group: dict, grad: torch.Tensor | None = None,
+                   low_grad: torch.Tensor | None = None) -> None:
+        """One update of one weight, from its full gradient or from an already projected one."""
+        state = self.state[param]
+        state.setdefault("step", 0)
+        if "rank" not in group:
+            state["step"] += 1
+            self.backend.full_step(param, grad, group, state)
+            return
+        projector = self.projector_for(param, group)
+        if low_grad is None:
+            if projector.due(state["step"]) and not self._refresh(param, projector, grad, group, state):
+                return
+            low_grad = projector.project(grad)
+        state["step"] += 1
+        apply_update(param, self.backend.update(state, low_grad, group, param), projector, self.backend.decay_first)
+
+    def _refresh(self, param, projector: Projector, grad, group, state) -> bool:
+        """Refresh and realign; False when there is nothing sound to apply this step."""
+        first = not projector.ready
+        if projector.refresh(grad, state["step"]):
+            if projector.transition is not None:
+                self.backend.realign(state, projector, group["realign"])
+            if first and group["stagger"]:
+                projector.next_refresh = state["step"] + self._staggered_interval(param, projector.tau)
+            state["projector"] = projector.state_dict()
+            return True
+        # No new basis: with none at all, or with a gradient that would put NaN into the moments, skip.
+        return projector.ready and bool(torch.isfinite(grad).all())
+
+    def _staggered_interval(self, param: torch.Tensor, tau: int) -> int:
+        low_rank = [p for g in self.param_groups if "rank" in g for p in g["params"]]
+        order = next(i for i, p in enumerate(low_rank) if p is param)
+        return tau - (order * tau) // len(low_rank)
+
+    def needs_full_grad(self, param: torch.Tensor, group: dict) -> bool:
+        """True when the next step of `param` must see its full gradient (a refresh is due)."""
+        return "rank" not in group or self.projector_for(param, group).due(self.state[param].get("step", 0))
+
+    def projector_for(self, param: torch.Tensor, group: dict) -> Projector:
+        projector = self._projectors.get(param)
+        if projector is None:
+            projector = build_projector(
+                group["projector"], group["rank"], proj_type=group["proj_type"],
+                update_proj_gap=group["update_proj_gap"], scale=group["scale"], seed=group["seed"],
+                index=self._indices[param], adaptive_interval=group["adaptive_interval"], tau_max=group["tau_max"],
+            )
+            if "projector" in self.state[param]:
+                projector.load_state_dict(self.state[param]["projector"])
+            self._projectors[param] = projector
+        return projector
+
+    def projector_stats(self) -> dict[int, dict[str, float]]:
+        """Per low-rank weight (by its index in the param groups): r*, ρ, τ, max 1/p, refresh counts."""
+        return {self._indices[p]: dict(proj.stats) for p, proj in self._projectors.items()}
+
+    # ----------------------------------------------------------------- state
+    def load_state_dict(self, state_dict: dict) -> None:
+        """As torch's, but tensors keep their saved dtype (fp32 bases and moments, uint8 8-bit states):
+        torch would cast every floating state tensor to the parameter's dtype."""
+        saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        super().load_state_dict(state_dict)
+        params = [p for group in self.param_groups for p in group["params"]]
+        for saved_id, param in zip(saved_ids, params, strict=True):
+            if saved_id in state_dict["state"]:
+                self.state[param] = _on_device(state_dict["state"][saved_id], param.device)
+        self._projectors = {}
+
+
+def _on_device(value, device: torch.device):
+    if isinstance(value, torch.Tensor):
+        return value.to(device=device)
+    if isinstance(value, dict):
+        return {k: _on_device(v, device) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_on_device(v, device) for v in value]
+    return value

@@ -1,0 +1,43 @@
+"""SGD with momentum (torch.optim.SGD's buffer: M ← μ M + g, first step M = g), decoupled weight decay.
+
+The paper's debiasing study: without a second moment, the bias of a top-r projection shows most plainly.
+"""
+
+from __future__ import annotations
+
+from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_non_negative
+from .realign import realign_dense
+
+
+class SGDMomentumBackend(Backend):
+    name = "sgdm"
+    defaults = {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0}
+
+    def validate(self, group):
+        check_non_negative(group, "lr", "weight_decay")
+        if not 0.0 <= group["momentum"] < 1.0:
+            raise ValueError(f"Invalid momentum value: {group['momentum']} - should be in [0.0, 1.0)")
+
+    def update(self, state, grad, group, param):
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = grad.clone()
+        else:
+            state["momentum_buffer"].mul_(group["momentum"]).add_(grad)
+        return Update(state["momentum_buffer"], group["lr"], group["lr"] * group["weight_decay"])
+
+    def realign(self, state, projector, rule):
+        if "momentum_buffer" in state:
+            state["momentum_buffer"], _ = realign_dense(state["momentum_buffer"], None, projector, rule)
+
+
+class GaLoreSGDM(LowRankOptimizer):
+    """SGD-momentum on GaLore's top-r projection."""
+
+    backend = SGDMomentumBackend()
+
+
+class PlumageSGDM(LowRankOptimizer):
+    """SGD-momentum on PLUMAGE's projection; the momentum is realigned at refreshes (rule "m")."""
+
+    backend = SGDMomentumBackend()
+    class_defaults = {**PLUMAGE_DEFAULTS, "realign": "m"}
