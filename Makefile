@@ -23,7 +23,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 demo: install
-	$(PY) examples/estimator_demo.py
+	$(PY) examples/projector_demo.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
