@@ -59,7 +59,7 @@ def systematic_sample(p: torch.Tensor, k: int, generator: torch.Generator) -> to
     if not 1 <= k <= n:
         raise ValueError(f"k must be in [1, {n}] for {n} items, got {k}")
     total = p.sum().item()
-    if (p < 0).any() or (p > 1 + 1e-9).any() or abs(total - k) > 1e-6 * k:
+    if not torch.isfinite(p).all() or (p < 0).any() or (p > 1 + 1e-9).any() or abs(total - k) > 1e-6 * k:
         raise ValueError(f"p must lie in [0, 1] and sum to k={k}; it sums to {total:.9g}")
 
     order = torch.randperm(n, generator=generator)

@@ -44,4 +44,4 @@ class TuckerProjector(Projector):
             )
         if not all(f.isfinite().all() for f in factors):
             return None
-        return Basis({mode: factor.contiguous() for mode, factor in zip(modes, factors)})
+        return Basis({mode: factor.contiguous() for mode, factor in zip(modes, factors, strict=True)})
