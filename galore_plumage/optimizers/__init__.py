@@ -93,11 +93,12 @@ def route_parameters(model: nn.Module, target_modules, projector: str | None) ->
     """Decide, for every trainable parameter, low-rank or regular, and why."""
     tensors_ok = projector is not None and projector_spec(projector).tensors
     projectable = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d) if tensors_ok else (nn.Linear,)
-    routes = []
+    routes, seen = [], set()
     for module_name, module in model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad:
+            if not param.requires_grad or id(param) in seen:  # a tied weight is routed once, by its first name
                 continue
+            seen.add(id(param))
             full_name = f"{module_name}.{param_name}" if module_name else param_name
             if projector is None:
                 routes.append(Route(full_name, tuple(param.shape), False, "full-rank optimizer"))

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from ..projectors import projector_spec
 from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
 from .realign import realign_dense, realign_factored
 
@@ -61,6 +62,13 @@ class AdafactorBackend(Backend):
             raise ValueError(f"Invalid learning rate: {group['lr']} - should be >= 0.0")
         if group["beta1"] is not None and not 0.0 <= group["beta1"] < 1.0:
             raise ValueError(f"Invalid beta1: {group['beta1']} - should be in [0.0, 1.0) or None")
+        if "rank" in group and group["realign"] in ("mv", "mv_meansplit") and projector_spec(group["projector"]).tensors:
+            for param in group["params"]:  # else realign_factored fails at the second refresh, mid-run
+                if param.dim() > 2:
+                    raise ValueError(
+                        f"realign={group['realign']!r} transports Adafactor's factored second moment exactly only "
+                        f"for 2-D weights, got shape {tuple(param.shape)}: use realign='m' or 'none' for it"
+                    )
 
     def update(self, state, grad, group, param):
         grad = grad.float()

@@ -1,0 +1,170 @@
+"""build_optimizer's routing on a small Llama-shaped model: which weights are projected, and why the rest are not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from galore_plumage import build_optimizer
+from galore_plumage.optimizers import LayerwiseOptimizer, describe_routing
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+
+class Attention(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(width, width, bias=False), nn.Linear(width, width, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(width, width, bias=False), nn.Linear(width, width, bias=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(width, 2 * width, bias=False), nn.Linear(width, 2 * width, bias=False)
+        self.down_proj = nn.Linear(2 * width, width, bias=True)  # one bias, to see it routed as one
+
+
+class Layer(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.self_attn, self.mlp = Attention(width), MLP(width)
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(width), RMSNorm(width)
+
+
+class TinyLlama(nn.Module):
+    def __init__(self, vocab=50, width=16, layers=2):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(vocab, width)
+        self.layers = nn.ModuleList(Layer(width) for _ in range(layers))
+        self.norm = RMSNorm(width)
+        self.lm_head = nn.Linear(width, vocab, bias=False)
+
+
+def _model(freeze=True):
+    torch.manual_seed(0)
+    model = TinyLlama()
+    if freeze:
+        model.layers[1].self_attn.v_proj.weight.requires_grad_(False)  # e.g. a frozen adapter base
+        model.embed_tokens.weight.requires_grad_(False)
+    return model
+
+
+def _expected_low_rank(model):
+    return {
+        f"{name}.weight" for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and ("self_attn" in name or "mlp" in name) and module.weight.requires_grad
+    }
+
+
+@pytest.mark.parametrize("name", ["plumage_adamw", "galore_adamw8bit", "flora_sgdm", "galore_adafactor_per_layer"])
+def test_exactly_the_attention_and_mlp_weights_are_low_rank(name):
+    model = _model()
+    optimizer = build_optimizer(name, model, rank=4, **({"lr": None} if "adafactor" in name else {"lr": 1e-3}))
+    names = {id(p): n for n, p in model.named_parameters()}
+    low = {names[id(p)] for g in optimizer.param_groups if "rank" in g for p in g["params"]}
+    assert low == _expected_low_rank(model)
+    assert len(low) == 2 * 7 - 1  # 7 projections per layer, one frozen
+
+    grouped = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    trainable = [id(p) for p in model.parameters() if p.requires_grad]
+    assert sorted(grouped) == sorted(trainable)  # every trainable tensor exactly once, nothing frozen
+    assert len(grouped) == len(set(grouped))
+    if name.endswith("_per_layer"):
+        assert isinstance(optimizer, LayerwiseOptimizer)
+        optimizer.remove_hooks()
+
+
+def test_routing_reasons():
+    model = _model()
+    optimizer = build_optimizer("plumage_adamw", model, rank=4, lr=1e-3)
+    routes = {r.name: r for r in optimizer.routing}
+    assert set(routes) == {n for n, p in model.named_parameters() if p.requires_grad}
+    assert "embed_tokens.weight" not in routes and "layers.1.self_attn.v_proj.weight" not in routes  # frozen
+    assert routes["layers.0.self_attn.q_proj.weight"].low_rank and routes["layers.0.self_attn.q_proj.weight"].reason == "low-rank"
+    assert routes["layers.0.mlp.down_proj.weight"].shape == (16, 32)
+    assert routes["layers.0.mlp.down_proj.bias"].reason == "bias: not a projectable weight"
+    assert routes["layers.0.input_layernorm.weight"].reason == "RMSNorm.weight: not a projectable weight"
+    assert routes["norm.weight"].reason == "RMSNorm.weight: not a projectable weight"
+    assert routes["lm_head.weight"].reason == "module matches none of ['attn', 'mlp']"
+    assert all(r.reason for r in routes.values())
+
+
+def test_routing_embedding_reason():
+    model = _model(freeze=False)
+    routes = {r.name: r for r in build_optimizer("plumage_adamw", model, rank=4, lr=1e-3).routing}
+    assert not routes["embed_tokens.weight"].low_rank
+    assert routes["embed_tokens.weight"].reason == "Embedding.weight: not a projectable weight"
+
+
+def test_target_modules_choose_the_low_rank_weights():
+    model = _model()
+    optimizer = build_optimizer("plumage_adamw", model, rank=4, lr=1e-3, target_modules=("mlp",))
+    low = {r.name for r in optimizer.routing if r.low_rank}
+    assert low == {n for n in _expected_low_rank(model) if ".mlp." in n}
+
+
+def test_verbose_prints_the_routing(capsys):
+    model = _model()
+    optimizer = build_optimizer("plumage_adamw", model, rank=4, lr=1e-3, verbose=True)
+    printed = capsys.readouterr().out
+    assert printed.strip() == describe_routing(optimizer.routing, 4).strip()
+    total = sum(p.requires_grad for p in model.parameters())
+    assert printed.startswith(f"13 of {total} trainable tensors low-rank (rank 4)")
+    assert "lm_head.weight" in printed and "module matches none of" in printed
+    assert "layers.0.self_attn.q_proj.weight [16, 16]" in printed
+
+
+def test_full_rank_name_routes_everything_regular():
+    model = _model()
+    optimizer = build_optimizer("adamw", model, lr=1e-3)
+    assert all("rank" not in g for g in optimizer.param_groups)
+    assert {r.reason for r in optimizer.routing} == {"full-rank optimizer"}
+    assert describe_routing(optimizer.routing).startswith("0 of ")
+
+
+def test_projector_override():
+    model = _model()
+    optimizer = build_optimizer("galore_adamw", model, rank=4, lr=1e-3, projector="plumage", realign="m")
+    (group,) = [g for g in optimizer.param_groups if "rank" in g]
+    assert group["projector"] == "plumage" and group["realign"] == "m"
+    assert group["scale"] == 0.25  # scale follows the name's family (GaLore's recipe), not the projector
+    default = next(g for g in build_optimizer("galore_adamw", _model(), rank=4).param_groups if "rank" in g)
+    assert (default["projector"], default["realign"], default["scale"]) == ("svd", "none", 0.25)
+    plumage = next(g for g in build_optimizer("plumage_adamw", _model(), rank=4).param_groups if "rank" in g)
+    assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("plumage", "mv", 1.0)
+
+
+def test_tucker_override_projects_convolutions():
+    model = nn.ModuleDict({"attn": nn.Linear(8, 8), "mlp": nn.Conv2d(4, 6, 3)})
+    optimizer = build_optimizer("galore_adamw", model, rank=2, lr=1e-3, projector="tucker")
+    assert {r.name for r in optimizer.routing if r.low_rank} == {"attn.weight", "mlp.weight"}
+    plain = build_optimizer("galore_adamw", model, rank=2, lr=1e-3)
+    assert {r.name for r in plain.routing if r.low_rank} == {"attn.weight"}  # svd takes 2-D weights only
+
+
+def test_full_rank_name_with_projector_raises():
+    with pytest.raises(ValueError, match="optimizer 'adamw' is full-rank.*projector='svd'"):
+        build_optimizer("adamw", _model(), projector="svd")
+    with pytest.raises(ValueError, match="optimizer 'sgd' is full-rank"):
+        build_optimizer("sgd", _model(), projector="plumage")
+
+
+def test_tied_weights_are_routed_once():
+    """A weight shared by two modules (tied embeddings) is one parameter: one route, one group, by its first name."""
+    model = _model(freeze=False)
+    model.lm_head.weight = model.embed_tokens.weight
+    model.layers[1].mlp.up_proj.weight = model.layers[0].mlp.up_proj.weight
+    optimizer = build_optimizer("plumage_adamw", model, rank=4, lr=1e-3)
+    routed = [r.name for r in optimizer.routing]
+    assert sorted(routed) == sorted(n for n, _ in model.named_parameters())
+    assert "lm_head.weight" not in routed and "layers.1.mlp.up_proj.weight" not in routed
+    grouped = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in model.parameters())
+    low = {r.name for r in optimizer.routing if r.low_rank}
+    assert "layers.0.mlp.up_proj.weight" in low and "embed_tokens.weight" not in low
