@@ -133,6 +133,15 @@ def _tensors(state):
             yield value
 
 
+def _two_steps(optimizer, weight):
+    """Steps 0 and 1 on random gradients (the first basis is made at step 0); returns the generator."""
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        weight.grad = torch.randn(12, 8, generator=generator)
+        optimizer.step()
+    return generator
+
+
 def _snapshot(optimizer, weight):
     state = optimizer.state[weight]
     return weight.detach().clone(), {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
@@ -142,10 +151,7 @@ def _snapshot(optimizer, weight):
 def test_nan_gradient_at_a_refresh_skips_the_step(cls, options):
     weight = _weight(12, 8)
     optimizer = cls(_low_rank(weight), **options)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(2):
-        weight.grad = torch.randn(12, 8, generator=generator)
-        optimizer.step()
+    generator = _two_steps(optimizer, weight)
     before_weight, before_state = _snapshot(optimizer, weight)
     bad = torch.randn(12, 8, generator=generator)
     bad[3, 2] = float("nan")
@@ -185,10 +191,7 @@ def test_bad_first_gradient_defers_the_basis(cls, options, bad_value):
 def test_zero_gradient_at_a_later_refresh_keeps_the_basis(cls, options):
     weight = _weight(12, 8)
     optimizer = cls(_low_rank(weight), **options)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(2):
-        weight.grad = torch.randn(12, 8, generator=generator)
-        optimizer.step()
+    _two_steps(optimizer, weight)
     projector = optimizer.projector_for(weight, optimizer.param_groups[0])
     factors = {k: f.clone() for k, f in projector.factors.items()}
     weight.grad = torch.zeros(12, 8)
