@@ -142,8 +142,7 @@ class Projector:
         if self.rank >= smallest:
             warnings.warn(
                 f"{self.name} projector: rank {self.rank} >= min(m, n) = {smallest} for a gradient of shape "
-                f"{tuple(shape)}; using rank {smallest}: a projection this wide saves no memory"
-                + (" (and loses nothing: the estimate is exact)" if self.name in ("svd", "plumage") else ""),
+                f"{tuple(shape)}; using rank {smallest}: a projection this wide saves no memory",
                 stacklevel=3,
             )
         return {mode: min(self.rank, smallest) for mode in projected_modes(shape, self.proj_type)}
