@@ -1,0 +1,7 @@
+"""What torchrun_main.py runs: config (flags), corpus and data, tokenizer, model, schedule, checkpoint, metrics, loop."""
+
+from .config import TrainConfig, build_parser, parse_config, resolve
+from .distributed import Dist, init_distributed
+from .loop import train
+
+__all__ = ["Dist", "TrainConfig", "build_parser", "init_distributed", "parse_config", "resolve", "train"]

@@ -1,0 +1,179 @@
+"""The run's settings: one dataclass whose fields are the command-line flags (GaLore's names), each with its help.
+
+`parse_config(argv)` builds the parser from the fields, takes `choices` from the registries (so a new
+optimizer or projector appears here at once), and validates everything up front, before any file is
+written, with errors that say what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..optimizers import RULES, list_optimizers
+from ..projectors import list_projectors
+from ..projectors.base import PROJ_TYPES
+
+SCHEDULERS = ("cosine", "linear", "constant")
+DTYPES = ("float32", "bfloat16")
+BUNDLED = "shakespeare"
+DEFAULT_TOKENIZER = "bpe"
+
+
+def _flag(default, help: str, **argparse_options):
+    return field(default=default, metadata={"help": help, **argparse_options})
+
+
+def parse_token_count(text: str) -> int:
+    """'100M' -> 100_000_000, '1.5B' -> 1_500_000_000, '20000' -> 20000 (GaLore's suffixes)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMBkmb]?)\s*", str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"--max_train_tokens {text!r}: expected a number with an optional K, M or B suffix")
+    number, suffix = match.groups()
+    return int(float(number) * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[suffix.upper()])
+
+
+@dataclass
+class TrainConfig:
+    # --- model
+    model_config: str = _flag("configs/llama_tiny.json",
+                              "LlamaConfig JSON (configs/llama_*.json); vocab_size follows the tokenizer")
+    use_hf_model: bool = _flag(False, "accepted for GaLore compatibility: the model is always transformers' LlamaForCausalLM")
+    activation_checkpointing: bool = _flag(False, "recompute activations in the backward pass to save memory")
+    dtype: str = _flag(None, "weight dtype; bfloat16 also runs the forward under bf16 autocast. Default: bfloat16 on a "
+                             "CUDA device that supports it, float32 otherwise", choices=DTYPES)
+    # --- data
+    dataset: str = _flag(BUNDLED, f"'{BUNDLED}' (the bundled public-domain corpus), 'allenai/c4' (streamed as GaLore "
+                                  "does), or a local .txt (documents separated by blank lines) / .jsonl ('text' field)")
+    tokenizer: str = _flag(DEFAULT_TOKENIZER, f"'{DEFAULT_TOKENIZER}': a byte-level BPE trained offline on the training "
+                                              "split and cached; or a name/path for AutoTokenizer (t5-base for C4)")
+    vocab_size: int = _flag(8192, f"vocabulary of the '{DEFAULT_TOKENIZER}' tokenizer")
+    data_dir: str = _flag("data", "where the bundled corpus, tokenizers and other downloads are cached")
+    max_length: int = _flag(256, "tokens per packed training sequence")
+    eval_tokens: int = _flag(10_000_000, "validation token budget of one evaluation (the whole split if smaller)")
+    workers: int = _flag(8, "DataLoader worker processes for a streamed dataset (C4); in-memory corpora need none")
+    # --- batch and length of the run
+    batch_size: int = _flag(8, "sequences per micro-batch on each process")
+    gradient_accumulation: int = _flag(None, "micro-batches per update (derived from --total_batch_size if omitted)")
+    total_batch_size: int = _flag(None, "sequences per update over all processes; default batch_size x world size")
+    num_training_steps: int = _flag(10_000, "number of optimizer updates (gradient accumulation taken into account)")
+    max_train_tokens: int = _flag(None, "train on this many tokens instead (K/M/B suffixes); overrides "
+                                        "--num_training_steps", type=parse_token_count)
+    # --- optimizer
+    optimizer: str = _flag("plumage_adamw", "optimizer name (case-insensitive)", choices=list_optimizers(), type=str.lower)
+    lr: float = _flag(1e-3, "peak learning rate")
+    weight_decay: float = _flag(0.0, "decoupled weight decay")
+    beta1: float = _flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
+    grad_clipping: float = _flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
+    scheduler: str = _flag("cosine", "learning-rate schedule after the linear warmup", choices=SCHEDULERS)
+    min_lr_ratio: float = _flag(0.1, "final learning rate as a fraction of --lr (cosine and linear)")
+    warmup_steps: int = _flag(1_000, "linear warmup updates")
+    # --- low-rank projection
+    rank: int = _flag(128, "rank of the low-rank projection")
+    update_proj_gap: int = _flag(200, "updates between projection refreshes (τ)")
+    galore_scale: float = _flag(None, "scale of the projected-back update; default: 0.25 for galore_*, 1.0 otherwise")
+    proj_type: str = _flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
+    projector: str = _flag(None, "override the optimizer's projector", choices=list_projectors())
+    realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
+    adaptive_interval: bool = _flag(False, "adapt each weight's refresh interval to how fast its subspace moves")
+    tau_max: int = _flag(None, "longest adaptive interval (default 4 x --update_proj_gap)")
+    # --- evaluation, checkpoints, logging
+    eval_every: int = _flag(5_000, "evaluate every this many updates (and at the end)")
+    save_every: int = _flag(10_000, "checkpoint every this many updates (and at the end)")
+    save_dir: str = _flag(None, "checkpoints and metrics.jsonl go here; default runs/<model>-<optimizer>")
+    continue_from: str = _flag(None, "resume from a checkpoint folder (or a save_dir: its latest checkpoint)")
+    stop_at: int = _flag(None, "checkpoint and stop at this update, as a preempted job would, keeping the schedule "
+                               "of --num_training_steps; resume later with --continue_from")
+    seed: int = _flag(0, "seeds the model init, data order and projections")
+    single_gpu: bool = _flag(False, "one process without DistributedDataParallel")
+    name: str = _flag("test", "run name, recorded in the metrics")
+    tags: str = _flag(None, "comma-separated tags, recorded in the metrics")
+    proj_quant: bool = _flag(False, "accepted for GaLore compatibility; quantized projections are not implemented "
+                                    "and setting it is an error")
+    progress: bool = _flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
+
+    # derived by resolve()
+    world_size: int = field(default=1, metadata={"derived": True})
+
+    @property
+    def tokens_per_update(self) -> int:
+        return self.total_batch_size * self.max_length
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchrun_main.py", description="Pretrain Llama with a low-rank gradient optimizer (GaLore-compatible flags).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for spec in dataclasses.fields(TrainConfig):
+        meta = dict(spec.metadata)
+        if meta.pop("derived", False):
+            continue
+        if spec.type == "bool" and "action" not in meta:
+            meta["action"] = "store_true"
+        elif "action" not in meta and "type" not in meta:
+            meta["type"] = {"int": int, "float": float, "str": str}[spec.type]
+        parser.add_argument(f"--{spec.name}", default=spec.default, **meta)
+    return parser
+
+
+def parse_config(argv: list[str] | None = None, world_size: int = 1, cuda_bf16: bool = False) -> TrainConfig:
+    """Parse and validate; raises SystemExit (argparse) or ValueError with a message that says what to do."""
+    args = build_parser().parse_args(argv)
+    return resolve(TrainConfig(**vars(args)), world_size, cuda_bf16)
+
+
+def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -> TrainConfig:
+    """Fill the derived fields (batch arithmetic, steps from tokens, dtype, save_dir) and check every value."""
+    c = dataclasses.replace(config, world_size=world_size)
+    for name in ("batch_size", "max_length", "num_training_steps", "eval_every", "save_every", "rank",
+                 "update_proj_gap", "eval_tokens", "vocab_size"):
+        if getattr(c, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
+    for name in ("lr", "weight_decay", "grad_clipping", "warmup_steps", "workers"):
+        if getattr(c, name) < 0:
+            raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
+    if not 0.0 <= c.min_lr_ratio <= 1.0:
+        raise ValueError(f"--min_lr_ratio must be in [0, 1], got {c.min_lr_ratio}")
+    if not 0.0 <= c.beta1 < 1.0:
+        raise ValueError(f"--beta1 must be in [0, 1), got {c.beta1}")
+    if c.proj_quant:
+        raise ValueError("--proj_quant (Q-GaLore's quantized projections) is not implemented; drop the flag")
+    if c.single_gpu and world_size > 1:
+        raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
+    if c.optimizer.endswith("_per_layer") and world_size > 1:
+        raise ValueError(f"--optimizer {c.optimizer} steps each weight inside its gradient hook, before DDP has "
+                         f"all-reduced that gradient; run it on one process (--single_gpu), not {world_size}")
+
+    per_process = c.batch_size * world_size
+    if c.gradient_accumulation is None:
+        total = c.total_batch_size if c.total_batch_size is not None else per_process
+        if total % per_process:
+            raise ValueError(f"--total_batch_size {total} is not a multiple of batch_size x world_size = "
+                             f"{c.batch_size} x {world_size}; change one of them")
+        c.gradient_accumulation = total // per_process
+    if c.gradient_accumulation < 1:
+        raise ValueError(f"--gradient_accumulation must be >= 1, got {c.gradient_accumulation}")
+    if c.total_batch_size is None:
+        c.total_batch_size = c.gradient_accumulation * per_process
+    if c.gradient_accumulation * per_process != c.total_batch_size:
+        raise ValueError(f"gradient_accumulation x batch_size x world_size = {c.gradient_accumulation} x {c.batch_size} x "
+                         f"{world_size} != --total_batch_size {c.total_batch_size}")
+
+    if c.max_train_tokens is not None:
+        # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
+        c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
+    if c.warmup_steps >= c.num_training_steps and c.scheduler != "constant":
+        raise ValueError(f"--warmup_steps {c.warmup_steps} leaves no room for the {c.scheduler} decay in "
+                         f"{c.num_training_steps} updates; lower it (10% of the run is usual)")
+    if c.stop_at is not None and not 1 <= c.stop_at <= c.num_training_steps:
+        raise ValueError(f"--stop_at must be in [1, num_training_steps={c.num_training_steps}], got {c.stop_at}")
+    if c.dtype is None:
+        c.dtype = "bfloat16" if cuda_bf16 else "float32"
+    if c.save_dir is None:
+        c.save_dir = str(Path("runs") / f"{Path(c.model_config).stem}-{c.optimizer}")
+    return c

@@ -1,0 +1,214 @@
+"""Documents -> packed sequences -> micro-batches, with a position that a checkpoint can restore.
+
+Every document is tokenized, followed by EOS and concatenated into one stream that is cut into
+`max_length` sequences: no padding, so every position is a training token. Two sources:
+
+- in memory (the bundled corpus, a local .txt/.jsonl): the order of sequences is a fresh permutation
+  per epoch seeded by (seed, epoch); rank r of W reads the r-th slice of every global batch. The
+  position is the number of micro-batches consumed, so resuming is O(1) and exact.
+- streamed (C4 or another hub dataset): shuffled with a seeded buffer and split by node as GaLore does;
+  resuming re-reads and skips the micro-batches already consumed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from .config import BUNDLED, TrainConfig
+from .corpus import fetch_corpus, split_works
+
+ENCODE_CHUNK = 256  # documents per tokenizer call
+
+
+# ----------------------------------------------------------------- documents
+def is_streamed(dataset: str) -> bool:
+    return dataset != BUNDLED and not dataset.endswith((".txt", ".jsonl"))
+
+
+def read_documents(path: str | Path) -> list[str]:
+    """A .txt file: documents separated by blank lines. A .jsonl file: one object a line with a 'text' field."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--dataset {str(path)!r}: no such file; pass an existing .txt/.jsonl, "
+                                f"'{BUNDLED}' or 'allenai/c4'")
+    if path.suffix == ".txt":
+        documents = [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n")]
+    else:
+        documents = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    documents.append(json.loads(line)["text"])
+                except (json.JSONDecodeError, KeyError, TypeError) as error:
+                    raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' field ({error})") from None
+    return [d for d in documents if d]
+
+
+def load_texts(config: TrainConfig) -> tuple[list[str], list[str]]:
+    """(train, validation) documents of an in-memory source."""
+    if config.dataset == BUNDLED:
+        train, validation = split_works(fetch_corpus(config.data_dir))
+        return [p.read_text() for p in train], [p.read_text() for p in validation]
+    documents = read_documents(config.dataset)
+    if len(documents) < 2:
+        raise ValueError(f"--dataset {config.dataset!r} holds {len(documents)} document(s); validation needs at least "
+                         "2 (documents are separated by blank lines in .txt, one per line in .jsonl)")
+    # every 20th document is held out, so validation text never appears in training
+    train = [d for i, d in enumerate(documents) if i % 20 != 19]
+    validation = [d for i, d in enumerate(documents) if i % 20 == 19] or train[-1:]
+    return train, validation
+
+
+def encode(documents: Iterable[str], tokenizer) -> Iterator[list[int]]:
+    """Token ids of each document followed by EOS (no BOS, no truncation)."""
+    batch: list[str] = []
+    for document in documents:
+        batch.append(document)
+        if len(batch) == ENCODE_CHUNK:
+            yield from _encode_batch(batch, tokenizer)
+            batch = []
+    if batch:
+        yield from _encode_batch(batch, tokenizer)
+
+
+def _encode_batch(batch: list[str], tokenizer) -> Iterator[list[int]]:
+    for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+        yield ids + [tokenizer.eos_token_id]
+
+
+def pack(documents: Sequence[str], tokenizer, max_length: int) -> torch.Tensor:
+    """(n_sequences, max_length) int64 tensor; the tail shorter than one sequence is dropped."""
+    stream = torch.tensor([t for ids in encode(documents, tokenizer) for t in ids], dtype=torch.int64)
+    n = stream.numel() // max_length
+    if n == 0:
+        raise ValueError(f"{stream.numel()} tokens cannot fill one sequence of --max_length {max_length}; "
+                         "use more text or a shorter --max_length")
+    return stream[: n * max_length].view(n, max_length)
+
+
+# ----------------------------------------------------------------- in-memory batches
+class ShuffledBatches:
+    """Micro-batches of one rank over a per-epoch permutation of the sequences.
+
+    Global micro-batch k of the run takes sequences k·B·W … (k+1)·B·W − 1 of the endless concatenation of
+    epoch permutations; rank r takes its B of them. `position` (micro-batches consumed) is all the state.
+    """
+
+    def __init__(self, sequences: torch.Tensor, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        if len(sequences) < batch_size * world_size:
+            raise ValueError(f"{len(sequences)} training sequences cannot fill one global micro-batch of "
+                             f"batch_size x world_size = {batch_size * world_size}; use more text or smaller batches")
+        self.sequences, self.batch_size, self.seed = sequences, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.position = 0
+        self._perm_epoch, self._perm = -1, None
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if epoch != self._perm_epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm, self._perm_epoch = torch.randperm(len(self.sequences), generator=generator), epoch
+        return self._perm
+
+    def next_batch(self) -> torch.Tensor:
+        n, width = len(self.sequences), self.batch_size * self.world_size
+        first = self.position * width + self.rank * self.batch_size
+        indices = []
+        for g in range(first, first + self.batch_size):
+            indices.append(self._order(g // n)[g % n])
+        self.position += 1
+        return self.sequences[torch.stack(indices)]
+
+    def state_dict(self) -> dict:
+        return {"position": self.position, "sequences": len(self.sequences), "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["sequences"] != len(self.sequences) or state["seed"] != self.seed:
+            raise ValueError(f"the checkpoint was trained on {state['sequences']} sequences with seed {state['seed']}, "
+                             f"this run has {len(self.sequences)} with seed {self.seed}: resume with the same "
+                             "--dataset, --tokenizer, --max_length and --seed")
+        self.position = state["position"]
+
+
+# ----------------------------------------------------------------- streamed batches
+def packed_stream(documents: Iterable[str], tokenizer, max_length: int, batch_size: int) -> Iterator[torch.Tensor]:
+    """(batch_size, max_length) batches packed from a document stream."""
+    buffer: list[int] = []
+    rows: list[torch.Tensor] = []
+    for ids in encode(documents, tokenizer):
+        buffer.extend(ids)
+        while len(buffer) >= max_length:
+            rows.append(torch.tensor(buffer[:max_length], dtype=torch.int64))
+            del buffer[:max_length]
+            if len(rows) == batch_size:
+                yield torch.stack(rows)
+                rows = []
+
+
+class StreamedBatches(torch.utils.data.IterableDataset):
+    """Micro-batches from a streamed hub dataset, split over ranks and DataLoader workers.
+
+    The DataLoader takes batches from its workers in turn, so the k-th batch came from worker k mod W.
+    Resuming after `skip` batches relabels the workers so the first one asked is the one that was next,
+    and each skips the batches it had already given.
+    """
+
+    def __init__(self, dataset, tokenizer, max_length: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                 skip: int = 0):
+        self.dataset, self.tokenizer = dataset, tokenizer
+        self.max_length, self.batch_size = max_length, batch_size
+        self.rank, self.world_size, self.skip = rank, world_size, skip
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        import datasets.distributed
+
+        info = torch.utils.data.get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        logical = (worker + self.skip) % workers
+        already = max(0, (self.skip - logical + workers - 1) // workers)
+        shard = datasets.distributed.split_dataset_by_node(
+            self.dataset, rank=self.rank * workers + logical, world_size=self.world_size * workers)
+        batches = packed_stream((row["text"] for row in shard), self.tokenizer, self.max_length, self.batch_size)
+        for index, batch in enumerate(batches):
+            if index >= already:
+                yield batch
+
+
+def stream_hub_dataset(name: str, split: str, seed: int):
+    """A shuffled streaming split of a hub dataset ('allenai/c4' uses its 'en' configuration, as GaLore)."""
+    import datasets
+
+    try:
+        if name == "allenai/c4":
+            data = datasets.load_dataset(name, "en", split=split, streaming=True)
+        else:
+            data = datasets.load_dataset(name, split=split, streaming=True)
+    except Exception as error:  # noqa: BLE001 - hub errors come in many classes; all mean "cannot stream it"
+        raise ValueError(f"--dataset {name!r}: cannot stream its {split!r} split ({type(error).__name__}: {error}). "
+                         f"Offline, use the default --dataset {BUNDLED} or a local .txt/.jsonl file") from None
+    return data.shuffle(seed=seed, buffer_size=10_000)
+
+
+# ----------------------------------------------------------------- evaluation
+def eval_batches(sequences: torch.Tensor, batch_size: int, token_budget: int, rank: int = 0,
+                 world_size: int = 1) -> list[torch.Tensor]:
+    """The first ⌈budget / max_length⌉ validation sequences (a fixed set), dealt to ranks round-robin."""
+    count = min(len(sequences), -(-token_budget // sequences.shape[1]))
+    mine = sequences[:count][rank::world_size]
+    return [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
+
+
+def streamed_eval_batches(dataset, tokenizer, max_length: int, batch_size: int, token_budget: int, rank: int = 0,
+                          world_size: int = 1) -> list[torch.Tensor]:
+    import datasets.distributed
+
+    shard = datasets.distributed.split_dataset_by_node(dataset, rank=rank, world_size=world_size)
+    batches, budget = [], -(-token_budget // world_size)
+    for batch in packed_stream((row["text"] for row in shard), tokenizer, max_length, batch_size):
+        if sum(b.numel() for b in batches) >= budget:
+            break
+        batches.append(batch)
+    return batches

@@ -1,0 +1,71 @@
+"""Process-group setup: torchrun's environment -> (rank, world size, device); gloo on CPU, nccl on CUDA."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed() -> Dist:
+    """Plain `python` gives world size 1 and no process group; torchrun sets RANK/LOCAL_RANK/WORLD_SIZE."""
+    world_size = world_size_from_env()
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+    return Dist(rank, local_rank, world_size, device)
+
+
+def all_reduce_sum(*values: float, context: Dist) -> list[float]:
+    """Sum scalars over ranks (float64, so token counts stay exact)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=context.device)
+    if context.active:
+        dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def gather_floats(value: float, context: Dist) -> list[float]:
+    """`value` of every rank, in rank order."""
+    tensor = torch.tensor([value], dtype=torch.float64, device=context.device)
+    if not context.active:
+        return [value]
+    gathered = [torch.zeros_like(tensor) for _ in range(context.world_size)]
+    dist.all_gather(gathered, tensor)
+    return [t.item() for t in gathered]
+
+
+def barrier(context: Dist) -> None:
+    if context.active:
+        dist.barrier()
+
+
+def shutdown(context: Dist) -> None:
+    if context.active and dist.is_initialized():
+        dist.destroy_process_group()

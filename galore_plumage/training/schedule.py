@@ -1,0 +1,30 @@
+"""Learning-rate schedules: linear warmup from 0, then cosine or linear decay to `min_lr_ratio`, or constant."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def lr_factor(step: int, kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the peak lr before update `step` (0-based)."""
+    if step < warmup_steps:
+        return step / warmup_steps
+    if kind == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if kind == "cosine":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if kind == "linear":
+        return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
+    raise ValueError(f"unknown scheduler {kind!r}; choose cosine, linear or constant")
+
+
+def build_scheduler(optimizer: Optimizer, kind: str, warmup_steps: int, total_steps: int,
+                    min_lr_ratio: float) -> LambdaLR:
+    """Stepped once per update. (A partial, not a lambda, so the scheduler's state_dict stays plain.)"""
+    return LambdaLR(optimizer, partial(lr_factor, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps,
+                                       min_lr_ratio=min_lr_ratio))
