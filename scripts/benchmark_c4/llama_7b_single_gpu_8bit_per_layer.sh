@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# LLaMA-7B (configs/llama_7b.json) pretrained on C4 on ONE GPU: 8-bit PLUMAGE-AdamW with per-layer updates
+# (each weight steps inside its gradient hook, so full-size gradients never accumulate) and activation
+# checkpointing. Reproduces GaLore's single-GPU 7B recipe (8-bit GaLore-Adam per layer, batch 16 per step,
+# 512 sequences x 256 tokens per update, 150000 update steps, rank 1024) with the PLUMAGE projector,
+# lr 1e-3 / scale 1.0, refresh every 200 steps (GaLore: SVD, lr 5e-3, scale 0.25, refresh every 500).
+# Hardware assumed: a single GPU with 24 GB or more (GaLore reports 22.8 GB for its version of this recipe
+# on an RTX 4090; not measured here). Batch 16 -> 32 accumulation steps per update.
+# No gradient clipping: per-layer updates step before a global gradient norm exists, so clipping is
+# refused in this mode (--grad_clipping 0 is passed explicitly).
+# Flags appended to the command line override the ones below (argparse keeps the last); to run GaLore's
+# optimizer instead (the name picks projector and realignment):
+#   scripts/benchmark_c4/llama_7b_single_gpu_8bit_per_layer.sh --optimizer galore_adamw8bit_per_layer \
+#       --lr 5e-3 --galore_scale 0.25 --update_proj_gap 500
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."   # repository root: configs/ and torchrun_main.py live there
+
+torchrun --standalone --nproc_per_node "${NPROC:-1}" torchrun_main.py \
+    --model_config configs/llama_7b.json \
+    --dataset allenai/c4 \
+    --tokenizer t5-base \
+    --max_length 256 \
+    --single_gpu \
+    --optimizer plumage_adamw8bit_per_layer \
+    --activation_checkpointing \
+    --lr 1e-3 \
+    --rank 1024 \
+    --update_proj_gap 200 \
+    --scheduler cosine \
+    --min_lr_ratio 0.1 \
+    --warmup_steps 15000 \
+    --num_training_steps 150000 \
+    --batch_size 16 \
+    --total_batch_size 512 \
+    --grad_clipping 0 \
+    --weight_decay 0 \
+    --dtype bfloat16 \
+    --eval_every 1000 \
+    --save_every 10000 \
+    --save_dir checkpoints/plumage_7b_single_gpu_8bit_per_layer \
+    "$@"
