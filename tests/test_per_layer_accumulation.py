@@ -149,3 +149,20 @@ def test_per_layer_state_dict_round_trip(micro, tmp_path):
         assert torch.equal(a, b)
     for a, b in zip(model.parameters(), resumed_model.parameters(), strict=True):
         _equal_states(optimizer.state[a], resumed.state[b])
+
+
+def test_per_layer_hooks_follow_lr_set_after_load_state_dict():
+    """load_state_dict replaces the param-group dicts; the hooks must read the lr a scheduler sets on the new ones.
+
+    (Found by the torchrun_main resume test: hooks holding the old dicts kept stepping with a frozen lr.)
+    """
+    torch.manual_seed(0)
+    model = _model()
+    optimizer = build_optimizer("plumage_adamw_per_layer", model, **OPTIONS)
+    optimizer.load_state_dict(optimizer.state_dict())  # fresh group dicts, as after a resume
+    for group in optimizer.optimizer.param_groups:
+        group["lr"] = 0.0  # what a scheduler at lr 0 would write
+    before = [p.detach().clone() for p in model.parameters()]
+    for x, y in _batches(updates=1)[0][:1]:
+        _micro_step(model, x, y)  # accumulation_steps defaults to 1: every weight steps here, with lr 0
+    assert all(torch.equal(a, b.detach()) for a, b in zip(before, model.parameters(), strict=True))

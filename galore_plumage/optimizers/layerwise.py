@@ -30,8 +30,8 @@ class LayerwiseOptimizer:
         self.accumulation_steps = accumulation_steps
         self._micro_steps: dict[torch.Tensor, int] = {}
         self._handles = [
-            param.register_post_accumulate_grad_hook(self._hook_for(group))
-            for group in optimizer.param_groups
+            param.register_post_accumulate_grad_hook(self._hook_for(index))
+            for index, group in enumerate(optimizer.param_groups)
             for param in group["params"]
         ]
 
@@ -43,10 +43,12 @@ class LayerwiseOptimizer:
                 "soon as its own gradient is ready, so no global norm exists; set it to 0 or drop '_per_layer'"
             )
 
-    def _hook_for(self, group: dict):
+    def _hook_for(self, group_index: int):
+        # look the group up at each call: load_state_dict replaces the group dicts, and an LR scheduler then
+        # sets the lr on the new ones
         def hook(param: torch.Tensor) -> None:
             with torch.no_grad():
-                self._on_grad(param, group)
+                self._on_grad(param, self.optimizer.param_groups[group_index])
 
         return hook
 
