@@ -12,6 +12,7 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from ..optimizers import RULES, list_optimizers
@@ -34,7 +35,7 @@ def parse_token_count(text: str) -> int:
     if not match:
         raise argparse.ArgumentTypeError(f"--max_train_tokens {text!r}: expected a number with an optional K, M or B suffix")
     number, suffix = match.groups()
-    return int(float(number) * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[suffix.upper()])
+    return int(Decimal(number) * {"": 1, "K": 10**3, "M": 10**6, "B": 10**9}[suffix.upper()])  # exact: 1.001K is 1001
 
 
 @dataclass
@@ -145,6 +146,9 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         raise ValueError("--proj_quant (Q-GaLore's quantized projections) is not implemented; drop the flag")
     if c.single_gpu and world_size > 1:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
+    if c.optimizer.endswith("_per_layer") and c.grad_clipping > 0:
+        raise ValueError(f"--grad_clipping {c.grad_clipping} cannot apply to --optimizer {c.optimizer}: each weight "
+                         "steps as soon as its own gradient is ready, so no global norm exists; set it to 0")
     if c.optimizer.endswith("_per_layer") and world_size > 1:
         raise ValueError(f"--optimizer {c.optimizer} steps each weight inside its gradient hook, before DDP has "
                          f"all-reduced that gradient; run it on one process (--single_gpu), not {world_size}")

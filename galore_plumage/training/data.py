@@ -171,7 +171,14 @@ class StreamedBatches(torch.utils.data.IterableDataset):
         already = max(0, (self.skip - logical + workers - 1) // workers)
         shard = datasets.distributed.split_dataset_by_node(
             self.dataset, rank=self.rank * workers + logical, world_size=self.world_size * workers)
-        batches = packed_stream((row["text"] for row in shard), self.tokenizer, self.max_length, self.batch_size)
+        if info is not None:  # as datasets does in a worker: a forked child must not wait on the parent's fsspec loop
+            import fsspec.asyn
+
+            fsspec.asyn.reset_lock()
+        # shard.iter(), not iter(shard): in a DataLoader worker, iter(shard) would split it again by the real worker
+        # id, so worker w kept only its 1/workers of a shard already meant for it alone (and ignored `logical`)
+        texts = (text for rows in shard.iter(batch_size=ENCODE_CHUNK) for text in rows["text"])
+        batches = packed_stream(texts, self.tokenizer, self.max_length, self.batch_size)
         for index, batch in enumerate(batches):
             if index >= already:
                 yield batch

@@ -12,6 +12,7 @@ import contextlib
 import math
 import random
 import time
+import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -224,7 +225,10 @@ def train(config: TrainConfig, context: Dist) -> dict:
             torch.nn.utils.clip_grad_norm_(trainable, config.grad_clipping)
         lr = inner.param_groups[0]["lr"]
         optimizer.step()
-        scheduler.step()
+        with warnings.catch_warnings():
+            # per-layer weights step in their hooks, never through inner.step(), whose call LambdaLR looks for
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         update_step += 1
         tokens_seen += config.tokens_per_update
