@@ -1,0 +1,261 @@
+"""torchrun_main.py's flags: GaLore's names parse, choices follow the registries, and bad values fail up front.
+
+Every check goes through `parse_config(argv, world_size=..., cuda_bf16=...)`, the function the script calls,
+so a renamed flag, a lost choice or a changed default is caught before a run spends time on it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+import galore_plumage
+from galore_plumage.optimizers import RULES
+from galore_plumage.projectors import list_projectors
+from galore_plumage.projectors.base import PROJ_TYPES
+from galore_plumage.training.config import TrainConfig, build_parser, parse_config, parse_token_count
+
+# flag -> (argv, field, expected value): one run of each GaLore flag and each of ours with a non-default value
+GALORE_FLAGS = {
+    "model_config": (["--model_config", "configs/llama_micro.json"], "configs/llama_micro.json"),
+    "use_hf_model": (["--use_hf_model"], True),
+    "continue_from": (["--continue_from", "runs/x/model_10"], "runs/x/model_10"),
+    "batch_size": (["--batch_size", "4"], 4),
+    "max_length": (["--max_length", "64"], 64),
+    "optimizer": (["--optimizer", "galore_adamw"], "galore_adamw"),
+    "lr": (["--lr", "0.01"], 0.01),
+    "scheduler": (["--scheduler", "linear"], "linear"),
+    "min_lr_ratio": (["--min_lr_ratio", "0.05"], 0.05),
+    "activation_checkpointing": (["--activation_checkpointing"], True),
+    "weight_decay": (["--weight_decay", "0.1"], 0.1),
+    "warmup_steps": (["--warmup_steps", "7"], 7),
+    "eval_every": (["--eval_every", "11"], 11),
+    "num_training_steps": (["--num_training_steps", "1234"], 1234),
+    "save_every": (["--save_every", "13"], 13),
+    "save_dir": (["--save_dir", "somewhere/else"], "somewhere/else"),
+    "tags": (["--tags", "a,b"], "a,b"),
+    "dtype": (["--dtype", "bfloat16"], "bfloat16"),
+    "workers": (["--workers", "3"], 3),
+    "seed": (["--seed", "42"], 42),
+    "name": (["--name", "my-run"], "my-run"),
+    "grad_clipping": (["--grad_clipping", "1.0"], 1.0),
+    "beta1": (["--beta1", "0.9"], 0.9),
+    "rank": (["--rank", "16"], 16),
+    "update_proj_gap": (["--update_proj_gap", "50"], 50),
+    "galore_scale": (["--galore_scale", "0.5"], 0.5),
+    "proj_type": (["--proj_type", "left"], "left"),
+    "single_gpu": (["--single_gpu"], True),
+}
+OUR_FLAGS = {
+    "projector": (["--projector", "svd"], "svd"),
+    "realign": (["--realign", "mv"], "mv"),
+    "adaptive_interval": (["--adaptive_interval"], True),
+    "tau_max": (["--tau_max", "800"], 800),
+    "dataset": (["--dataset", "corpus.jsonl"], "corpus.jsonl"),
+    "tokenizer": (["--tokenizer", "t5-base"], "t5-base"),
+    "stop_at": (["--stop_at", "5"], 5),
+}
+
+
+@pytest.mark.parametrize("flag", sorted({**GALORE_FLAGS, **OUR_FLAGS}))
+def test_each_flag_parses_under_its_name(flag):
+    """Each flag (GaLore's spelling, or ours) sets the field of the same name to the value given."""
+    argv, expected = {**GALORE_FLAGS, **OUR_FLAGS}[flag]
+    config = parse_config(argv)
+    assert getattr(config, flag) == expected
+    assert type(getattr(config, flag)) is type(expected)
+
+
+def test_the_remaining_galore_flags_parse():
+    """--gradient_accumulation, --total_batch_size, --max_train_tokens and --proj_quant exist (checked by value below)."""
+    config = parse_config(["--batch_size", "2", "--gradient_accumulation", "3", "--total_batch_size", "6",
+                           "--max_train_tokens", "20000", "--max_length", "100", "--warmup_steps", "1"])
+    assert (config.gradient_accumulation, config.total_batch_size, config.max_train_tokens) == (3, 6, 20000)
+    assert build_parser().parse_args(["--proj_quant"]).proj_quant is True  # accepted by the parser, refused by resolve
+
+
+def test_every_registered_optimizer_is_a_choice_case_insensitively():
+    """Every name of list_optimizers() is accepted, in any case (GaLore's scripts pass e.g. 'Adam')."""
+    names = galore_plumage.list_optimizers()
+    assert len(names) > 10
+    for name in names:
+        assert parse_config(["--optimizer", name]).optimizer == name
+        assert parse_config(["--optimizer", name.upper()]).optimizer == name
+    assert parse_config(["--optimizer", "Adam"]).optimizer == "adam"
+
+
+def test_unknown_optimizer_exits_listing_the_choices(capsys):
+    """An unknown optimizer is an argparse error (SystemExit) whose message lists the registered names."""
+    with pytest.raises(SystemExit) as error:
+        parse_config(["--optimizer", "adamw9bit"])
+    assert error.value.code != 0
+    message = capsys.readouterr().err
+    assert "adamw9bit" in message
+    for name in ("plumage_adamw", "galore_adafactor", "flora_sgdm_per_layer", "adamw8bit"):
+        assert name in message
+
+
+@pytest.mark.parametrize(("flag", "choices"), [
+    ("--projector", list_projectors()), ("--realign", list(RULES)), ("--proj_type", list(PROJ_TYPES)),
+    ("--scheduler", ["cosine", "linear", "constant"]), ("--dtype", ["float32", "bfloat16"]),
+])
+def test_choice_flags_follow_their_registries(flag, choices, capsys):
+    """Every registered value is accepted and an unregistered one exits naming the valid ones."""
+    field = flag.lstrip("-")
+    for value in choices:
+        assert getattr(parse_config([flag, value]), field) == value
+    with pytest.raises(SystemExit):
+        parse_config([flag, "no_such_value"])
+    message = capsys.readouterr().err
+    assert all(value in message for value in choices)
+
+
+# ----------------------------------------------------------------- batch arithmetic
+@pytest.mark.parametrize(("argv", "world", "accumulation", "total"), [
+    ([], 1, 1, 8),                                                      # defaults: batch 8, one process
+    (["--batch_size", "4"], 2, 1, 8),                                   # total defaults to batch x world
+    (["--batch_size", "4", "--total_batch_size", "32"], 2, 4, 32),      # accumulation derived
+    (["--batch_size", "2", "--gradient_accumulation", "3"], 2, 3, 12),  # total derived
+    (["--batch_size", "2", "--gradient_accumulation", "3", "--total_batch_size", "6"], 1, 3, 6),
+])
+def test_batch_arithmetic(argv, world, accumulation, total):
+    """total_batch_size = batch_size x gradient_accumulation x world_size, whichever two are given."""
+    config = parse_config(argv, world_size=world)
+    assert (config.gradient_accumulation, config.total_batch_size, config.world_size) == (accumulation, total, world)
+    assert config.total_batch_size == config.batch_size * config.gradient_accumulation * world
+
+
+def test_total_batch_not_a_multiple_names_the_values():
+    """--total_batch_size 30 with batch 4 on 2 processes cannot be split: the message names 30, 4 and 2."""
+    with pytest.raises(ValueError, match=re.escape("--total_batch_size 30 is not a multiple of batch_size x world_size "
+                                                   "= 4 x 2")):
+        parse_config(["--batch_size", "4", "--total_batch_size", "30"], world_size=2)
+
+
+def test_inconsistent_accumulation_names_the_values():
+    """Accumulation 3 x batch 4 x world 2 = 24, not the 16 asked for: every factor appears in the message."""
+    with pytest.raises(ValueError, match=re.escape("3 x 4 x 2 != --total_batch_size 16")):
+        parse_config(["--batch_size", "4", "--gradient_accumulation", "3", "--total_batch_size", "16"], world_size=2)
+
+
+def test_zero_accumulation_is_refused():
+    with pytest.raises(ValueError, match="--gradient_accumulation must be >= 1, got 0"):
+        parse_config(["--gradient_accumulation", "0"])
+
+
+# ----------------------------------------------------------------- tokens -> steps
+@pytest.mark.parametrize(("text", "tokens"), [
+    ("100M", 100_000_000), ("1.5B", 1_500_000_000), ("20000", 20_000), ("2k", 2_000), ("13.1B", 13_100_000_000),
+    ("1.001K", 1_001), ("0.7B", 700_000_000), ("4.35M", 4_350_000),
+])
+def test_token_counts_parse_exactly(text, tokens):
+    """K/M/B suffixes scale exactly (a decimal like 1.001K must not lose a token to float rounding)."""
+    assert parse_token_count(text) == tokens
+    assert parse_config(["--max_train_tokens", text, "--warmup_steps", "0"]).max_train_tokens == tokens
+
+
+@pytest.mark.parametrize("text", ["lots", "1.5X", "-3M", ""])
+def test_bad_token_count_exits(text, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--max_train_tokens", text])
+    assert "--max_train_tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("tokens", "batch", "accumulation", "world", "length"), [
+    ("20000", 2, 3, 1, 100), ("100M", 8, 4, 2, 256), ("1.5B", 16, 1, 1, 1024), ("12000", 4, 1, 3, 1000),
+])
+def test_max_train_tokens_sets_the_number_of_updates(tokens, batch, accumulation, world, length):
+    """Updates = ceil(tokens / (total_batch_size x max_length)), overriding --num_training_steps."""
+    config = parse_config(["--max_train_tokens", tokens, "--batch_size", str(batch), "--gradient_accumulation",
+                           str(accumulation), "--max_length", str(length), "--num_training_steps", "7",
+                           "--warmup_steps", "0"], world_size=world)
+    expected = math.ceil(parse_token_count(tokens) / (batch * accumulation * world * length))
+    assert config.num_training_steps == expected
+    assert config.num_training_steps != 7
+
+
+def test_max_train_tokens_rounds_up():
+    """20001 tokens at 2 x 100 tokens an update is 101 updates, not 100: the last partial update is run."""
+    config = parse_config(["--max_train_tokens", "20001", "--batch_size", "2", "--max_length", "100",
+                           "--warmup_steps", "0"])
+    assert config.num_training_steps == 101
+
+
+# ----------------------------------------------------------------- refused combinations
+def test_warmup_not_shorter_than_the_run_is_refused():
+    """Warmup that fills the whole run leaves no decay: an error naming both numbers; fine for constant."""
+    with pytest.raises(ValueError, match="--warmup_steps 100 leaves no room for the cosine decay in 100 updates"):
+        parse_config(["--num_training_steps", "100", "--warmup_steps", "100"])
+    with pytest.raises(ValueError, match="--warmup_steps 200 .* linear decay in 100 updates"):
+        parse_config(["--num_training_steps", "100", "--warmup_steps", "200", "--scheduler", "linear"])
+    assert parse_config(["--num_training_steps", "100", "--warmup_steps", "100", "--scheduler", "constant"])
+    assert parse_config(["--num_training_steps", "100", "--warmup_steps", "99"]).warmup_steps == 99
+
+
+def test_warmup_checked_against_the_steps_from_tokens():
+    """The warmup check uses the step count that --max_train_tokens implies (here 10 updates)."""
+    argv = ["--max_train_tokens", "2000", "--batch_size", "2", "--max_length", "100", "--num_training_steps", "1000"]
+    with pytest.raises(ValueError, match="in 10 updates"):
+        parse_config([*argv, "--warmup_steps", "10"])
+    assert parse_config([*argv, "--warmup_steps", "9"]).num_training_steps == 10
+
+
+def test_single_gpu_with_two_processes_is_refused():
+    with pytest.raises(ValueError, match="--single_gpu runs one process, but WORLD_SIZE is 2"):
+        parse_config(["--single_gpu"], world_size=2)
+    assert parse_config(["--single_gpu"], world_size=1).single_gpu
+
+
+@pytest.mark.parametrize("name", [n for n in galore_plumage.list_optimizers() if n.endswith("_per_layer")])
+def test_per_layer_optimizers_refuse_two_processes(name):
+    """Per-layer optimizers step inside the gradient hook, before DDP's all-reduce: one process only."""
+    with pytest.raises(ValueError, match=f"--optimizer {name} steps each weight inside its gradient hook"):
+        parse_config(["--optimizer", name, "--batch_size", "2"], world_size=2)
+    assert parse_config(["--optimizer", name], world_size=1).optimizer == name
+
+
+def test_proj_quant_is_refused():
+    with pytest.raises(ValueError, match="--proj_quant .* is not implemented; drop the flag"):
+        parse_config(["--proj_quant"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+    (["--lr", "-1"], "--lr must be >= 0, got -1"),
+    (["--min_lr_ratio", "1.5"], r"--min_lr_ratio must be in \[0, 1\], got 1.5"),
+    (["--beta1", "1.0"], r"--beta1 must be in \[0, 1\), got 1.0"),
+    (["--stop_at", "0"], r"--stop_at must be in \[1, num_training_steps=10000\], got 0"),
+    (["--stop_at", "10001"], r"--stop_at must be in \[1, num_training_steps=10000\], got 10001"),
+])
+def test_out_of_range_values_name_the_flag(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config(argv)
+
+
+# ----------------------------------------------------------------- defaults
+def test_default_dtype_follows_the_device():
+    """float32 where bf16 is not supported (CPU), bfloat16 where it is; an explicit --dtype always wins."""
+    assert parse_config([], cuda_bf16=False).dtype == "float32"
+    assert parse_config([], cuda_bf16=True).dtype == "bfloat16"
+    assert parse_config(["--dtype", "float32"], cuda_bf16=True).dtype == "float32"
+    assert parse_config(["--dtype", "bfloat16"], cuda_bf16=False).dtype == "bfloat16"
+
+
+def test_default_save_dir_names_model_and_optimizer():
+    assert parse_config([]).save_dir == "runs/llama_tiny-plumage_adamw"
+    config = parse_config(["--model_config", "configs/llama_micro.json", "--optimizer", "GaLore_AdamW"])
+    assert config.save_dir == "runs/llama_micro-galore_adamw"
+    assert parse_config(["--save_dir", "elsewhere"]).save_dir == "elsewhere"
+
+
+def test_defaults_and_progress_toggle():
+    """Defaults a GaLore user relies on, and --no-progress (a BooleanOptionalAction)."""
+    config = parse_config([])
+    assert isinstance(config, TrainConfig)
+    assert (config.optimizer, config.scheduler, config.proj_type, config.dataset, config.tokenizer) == (
+        "plumage_adamw", "cosine", "std", "shakespeare", "bpe")
+    assert (config.projector, config.realign, config.galore_scale, config.continue_from, config.stop_at) == (None,) * 5
+    assert config.progress is True and parse_config(["--no-progress"]).progress is False
+    assert config.tokens_per_update == config.total_batch_size * config.max_length

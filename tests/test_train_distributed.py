@@ -1,0 +1,164 @@
+"""torchrun_main.py under `torchrun --standalone --nproc_per_node 2` on CPU (gloo), offline.
+
+Data-parallel training must be the single-process run in disguise: every rank ends with the same weights
+(the summary's rank fingerprints agree), and those weights equal a one-process run with the same total batch,
+because the data order gives each update the same sequences however they are split over ranks and micro-batches.
+Per-layer optimizers, which step before DDP's all-reduce, are refused under more than one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+import torchrun_main  # noqa: E402  (the entry point lives at the repository root)
+
+MODEL_CONFIG = str(REPO / "configs" / "llama_micro.json")
+TIMEOUT_S = 180
+DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+             "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+UPDATES = 4
+# The weight-for-weight comparison with one process uses flora_adamw: low-rank (refreshes at updates 1 and 3,
+# momentum transferred) with a basis drawn from the seed alone, so the two runs differ only in the order of the
+# gradient sum. plumage_adamw and galore_adamw build the basis from the gradient's singular vectors, and PLUMAGE
+# samples single tail vectors whose singular values are nearly equal: a rounding-level change of the gradient can
+# rotate them or change a sampled index, which moved weights by up to 3e-4 here. Both ranks see the very same
+# all-reduced gradient, though, so plumage_adamw is checked for identical weights across ranks.
+COMPARED = "flora_adamw"
+
+
+def write_corpus(path: Path, documents: int = 150, seed: int = 0) -> Path:
+    """`documents` random "documents" of 20-60 words from a 300-word vocabulary, separated by blank lines."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(300)]
+    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) for _ in range(documents)]
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
+
+
+def read_metrics(save_dir: Path) -> dict[str, list[dict]]:
+    """metrics.jsonl grouped by record type."""
+    records: dict[str, list[dict]] = {}
+    for line in (Path(save_dir) / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records.setdefault(record["type"], []).append(record)
+    return records
+
+
+def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --standalone --nproc_per_node <nproc> torchrun_main.py <args>` from the repo
+    root, with no rank variables inherited from whatever launched pytest."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith("TORCHELASTIC_")}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "torchrun_main.py", *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """Corpus, data_dir and the flags every job here shares (4 updates, projection refreshes at 1 and 3)."""
+    root = tmp_path_factory.mktemp("train_distributed")
+    dataset = write_corpus(root / "corpus.txt")
+    flags = ["--dataset", str(dataset), "--vocab_size", "256", "--max_length", "32", "--model_config", MODEL_CONFIG,
+             "--data_dir", str(root / "data"), "--no-progress", "--rank", "8", "--update_proj_gap", "2",
+             "--eval_tokens", "256", "--warmup_steps", "0", "--num_training_steps", str(UPDATES), "--lr", "3e-3"]
+    return {"root": root, "flags": flags}
+
+
+@pytest.fixture(scope="module")
+def single_process(workspace):
+    """1 process x batch 2 x accumulation 4 of COMPARED, in process (it also warms the tokenizer cache, so the
+    2-rank jobs only read it)."""
+    save_dir = workspace["root"] / f"single-{COMPARED}"
+    with pytest.MonkeyPatch.context() as patch:
+        for var in DIST_VARS:
+            patch.delenv(var, raising=False)
+        code = torchrun_main.main(workspace["flags"] + ["--optimizer", COMPARED, "--batch_size", "2",
+                                                        "--gradient_accumulation", "4", "--save_dir", str(save_dir)])
+    assert code == 0
+    return save_dir
+
+
+@pytest.fixture(scope="module")
+def two_ranks(workspace, single_process):
+    """optimizer -> (save_dir, completed process) of 2 processes x batch 2 x accumulation 2, launched once each:
+    the same 8 sequences per update as the single process."""
+    jobs = {}
+
+    def get(optimizer: str):
+        if optimizer not in jobs:
+            save_dir = workspace["root"] / f"ddp-{optimizer}"
+            result = torchrun(workspace["flags"] + ["--optimizer", optimizer, "--batch_size", "2",
+                                                    "--gradient_accumulation", "2", "--save_dir", str(save_dir)])
+            assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
+            jobs[optimizer] = save_dir, result
+        return jobs[optimizer]
+
+    return get
+
+
+@pytest.mark.parametrize("optimizer", ["plumage_adamw", COMPARED])
+def test_two_ranks_end_with_identical_weights(two_ranks, optimizer):
+    """Exit 0, the run reports 2 processes, and both ranks' weight fingerprints (each computed by its own rank
+    from its own weights, then gathered) are exactly equal: DDP handed both the same all-reduced gradients and
+    both ranks' projectors drew the same bases (PLUMAGE samples: its generator must agree across ranks).
+    Records are written once (rank 0), with the token count of 2 ranks x 4 sequences x 32 tokens per update."""
+    save_dir, result = two_ranks(optimizer)
+    assert "2 process(es) on cpu" in result.stdout
+    assert "WARNING: the ranks ended with different weights" not in result.stdout
+    records = read_metrics(save_dir)
+    (config,) = records["config"]
+    assert config["world_size"] == 2 and config["total_batch_size"] == 8
+    assert [r["step"] for r in records["train"]] == list(range(1, UPDATES + 1))
+    assert [r["tokens"] for r in records["train"]] == [8 * 32 * s for s in range(1, UPDATES + 1)]
+    assert len(records["eval"]) == 1
+    assert records["projector"] and all(r["refreshes"] == 2 for r in records["projector"])
+    (summary,) = records["summary"]
+    fingerprints = summary["rank_fingerprints"]
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+    assert (save_dir / "latest").read_text().strip() == f"model_{UPDATES}"
+
+
+def test_two_ranks_equal_one_process_with_the_same_total_batch(two_ranks, single_process):
+    """2 ranks x batch 2 x accumulation 2 vs 1 process x batch 2 x accumulation 4 (COMPARED, see above): update u
+    reads sequences 8u..8u+7 of the shuffled order in both, so losses and final weights agree to float rounding
+    (the gradient sum is taken in another order: DDP's all-reduce of two partial sums vs four accumulated
+    micro-gradients; measured 1e-7 against the 1e-5 allowed). The eval loss is token-weighted over both ranks'
+    shares of the same validation sequences, so it agrees too."""
+    ddp_dir, _ = two_ranks(COMPARED)
+    ddp, single = read_metrics(ddp_dir), read_metrics(single_process)
+    assert [r["loss"] for r in ddp["train"]] == pytest.approx([r["loss"] for r in single["train"]], rel=1e-5)
+    assert [r["lr"] for r in ddp["train"]] == [r["lr"] for r in single["train"]]
+    assert ddp["summary"][0]["tokens"] == single["summary"][0]["tokens"] == UPDATES * 8 * 32
+    assert ddp["eval"][0]["eval_tokens"] == single["eval"][0]["eval_tokens"]
+    assert ddp["summary"][0]["eval_loss"] == pytest.approx(single["summary"][0]["eval_loss"], rel=1e-5)
+    a = load_file(ddp_dir / f"model_{UPDATES}" / "model.safetensors")
+    b = load_file(single_process / f"model_{UPDATES}" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def test_per_layer_optimizer_is_refused_under_two_processes(workspace):
+    """A *_per_layer optimizer steps each weight inside its gradient hook, before DDP all-reduces that gradient, so
+    the ranks would drift apart: the job exits non-zero before anything is written, saying why and what to do."""
+    save_dir = workspace["root"] / "ddp-per-layer"
+    result = torchrun(workspace["flags"] + ["--optimizer", "plumage_adamw_per_layer", "--batch_size", "2",
+                                            "--save_dir", str(save_dir)])
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "--optimizer plumage_adamw_per_layer steps each weight inside its gradient hook" in output, output[-4000:]
+    assert "--single_gpu" in output
+    assert not save_dir.exists()
