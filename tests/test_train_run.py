@@ -327,3 +327,26 @@ def test_per_layer_with_accumulation_matches_normal_mode(run, tmp_path, normal_n
     for key in a:
         assert (a[key] - initial[key]).abs().max() > 1e-3, key  # the weights moved far beyond the tolerance
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-7, msg=lambda m, key=key: f"{key}: {m}")
+
+
+# ----------------------------------------------------------------- activation checkpointing, bf16
+def test_activation_checkpointing_gives_the_same_run(run, tmp_path):
+    """Recomputing activations in the backward pass changes memory, not math: the same losses and final weights."""
+    flags = ["--optimizer", "plumage_adamw", "--batch_size", "2", "--num_training_steps", "3", "--lr", "3e-3"]
+    assert run(tmp_path / "plain", *flags) == 0
+    assert run(tmp_path / "ckpt", *flags, "--activation_checkpointing") == 0
+    plain, ckpt = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "ckpt")
+    assert [r["loss"] for r in ckpt["train"]] == pytest.approx([r["loss"] for r in plain["train"]], rel=1e-6)
+    a, b = final_weights(tmp_path / "plain", 3), final_weights(tmp_path / "ckpt", 3)
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-7)
+
+
+def test_bfloat16_weights_train_on_cpu(run, tmp_path):
+    """--dtype bfloat16 keeps bf16 weights (fp32 low-rank state) and still lowers the loss on CPU."""
+    assert run(tmp_path / "bf16", "--optimizer", "plumage_adamw", "--dtype", "bfloat16", "--batch_size", "4",
+               "--num_training_steps", "12", "--lr", "3e-3", "--eval_every", "12") == 0
+    weights = final_weights(tmp_path / "bf16", 12)
+    assert all(w.dtype == torch.bfloat16 for w in weights.values())
+    losses = [r["loss"] for r in read_metrics(tmp_path / "bf16")["train"]]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0] - 0.2, losses
