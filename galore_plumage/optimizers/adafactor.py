@@ -82,7 +82,8 @@ class AdafactorBackend(Backend):
             else:
                 state["exp_avg_sq"] = torch.zeros_like(grad)
         step = state["step"]
-        state["RMS"] = _rms(param.float()).item()
+        if group["scale_parameter"] or "RMS" not in state:  # .item() syncs a GPU: only pay it when the RMS is used
+            state["RMS"] = _rms(param.float()).item()
         step_size = adafactor_step_size(group, step, state["RMS"])
         beta2t = 1.0 - math.pow(step, group["decay_rate"])
 
