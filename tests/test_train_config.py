@@ -53,7 +53,7 @@ OUR_FLAGS = {
     "realign": (["--realign", "mv"], "mv"),
     "adaptive_interval": (["--adaptive_interval"], True),
     "tau_max": (["--tau_max", "800"], 800),
-    "dataset": (["--dataset", "corpus.jsonl"], "corpus.jsonl"),
+    "dataset": (["--dataset", "allenai/c4"], "allenai/c4"),
     "tokenizer": (["--tokenizer", "t5-base"], "t5-base"),
     "stop_at": (["--stop_at", "5"], 5),
 }
@@ -259,3 +259,12 @@ def test_defaults_and_progress_toggle():
     assert (config.projector, config.realign, config.galore_scale, config.continue_from, config.stop_at) == (None,) * 5
     assert config.progress is True and parse_config(["--no-progress"]).progress is False
     assert config.tokens_per_update == config.total_batch_size * config.max_length
+
+
+@pytest.mark.parametrize("flag,value", [("--dataset", "no/such/corpus.txt"), ("--dataset", "missing.jsonl"),
+                                        ("--model_config", "configs/llama_nosuch.json")])
+def test_missing_files_are_refused_before_the_run_starts(flag, value):
+    """A local dataset or model config that does not exist fails in parsing, naming the path, so under torchrun
+    no rank starts work (or waits at a barrier) on behalf of a job that cannot run."""
+    with pytest.raises(ValueError, match=re.escape(repr(value))):
+        parse_config([flag, value])

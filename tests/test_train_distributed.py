@@ -162,3 +162,18 @@ def test_per_layer_optimizer_is_refused_under_two_processes(workspace):
     assert "--optimizer plumage_adamw_per_layer steps each weight inside its gradient hook" in output, output[-4000:]
     assert "--single_gpu" in output
     assert not save_dir.exists()
+
+
+def test_a_data_failure_on_rank_zero_stops_every_rank(workspace):
+    """Rank 0 prepares the data while the others wait; if it fails (here: a corpus of one document, too few to hold
+    out a validation split), every rank must exit with an error instead of waiting at the barrier forever."""
+    one_document = workspace["root"] / "one_document.txt"
+    one_document.write_text("only one document here\n")
+    flags = [f for f in workspace["flags"]]
+    flags[flags.index("--dataset") + 1] = str(one_document)
+    save_dir = workspace["root"] / "rank0-failure"
+    result = torchrun(flags + ["--optimizer", "plumage_adamw", "--batch_size", "2", "--save_dir", str(save_dir)])
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "holds 1 document(s)" in output, output[-4000:]
+    assert "rank 0 could not prepare the data" in output, output[-4000:]

@@ -176,6 +176,11 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
                          f"{c.num_training_steps} updates; lower it (10% of the run is usual)")
     if c.stop_at is not None and not 1 <= c.stop_at <= c.num_training_steps:
         raise ValueError(f"--stop_at must be in [1, num_training_steps={c.num_training_steps}], got {c.stop_at}")
+    if c.dataset.endswith((".txt", ".jsonl")) and not Path(c.dataset).is_file():
+        raise ValueError(f"--dataset {c.dataset!r}: no such file; pass an existing .txt/.jsonl, '{BUNDLED}' or "
+                         "'allenai/c4'")
+    if not Path(c.model_config).is_file():
+        raise ValueError(f"--model_config {c.model_config!r}: no such file; choose one of configs/llama_*.json")
     if c.dtype is None:
         c.dtype = "bfloat16" if cuda_bf16 else "float32"
     if c.save_dir is None:

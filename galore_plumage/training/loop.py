@@ -125,10 +125,19 @@ def train(config: TrainConfig, context: Dist) -> dict:
     main = context.is_main
     log = MetricsLog(config.save_dir, enabled=main)
 
-    # the main rank fetches the corpus and trains the tokenizer first, so ranks never race on the cache
+    # the main rank fetches the corpus and trains the tokenizer first, so ranks never race on the cache; the
+    # all-reduce doubles as the barrier and tells the other ranks to stop if it failed, instead of waiting
+    failure = None
     if main:
-        batches = Batches(config, context)
-    barrier(context)
+        try:
+            batches = Batches(config, context)
+        except Exception as error:  # noqa: BLE001 - re-raised below, after the other ranks know
+            failure = error
+    (ready,) = all_reduce_sum(0.0 if failure else 1.0, context=context)
+    if failure is not None:
+        raise failure
+    if ready < context.world_size:
+        raise RuntimeError("rank 0 could not prepare the data (its error is above); stopping")
     if not main:
         batches = Batches(config, context)
 
