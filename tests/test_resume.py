@@ -137,7 +137,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
     low_rank_group = next(g for g in state_dict["param_groups"] if "rank" in g)
     assert set(low_rank_group) == {
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
-        "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger",
+        "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}

@@ -56,6 +56,7 @@ OUR_FLAGS = {
     "dataset": (["--dataset", "allenai/c4"], "allenai/c4"),
     "tokenizer": (["--tokenizer", "t5-base"], "t5-base"),
     "stop_at": (["--stop_at", "5"], 5),
+    "solver": (["--solver", "gram"], "gram"),
 }
 
 

@@ -36,6 +36,7 @@ LOW_RANK_DEFAULTS: dict[str, Any] = {
     "tau_max": None,
     "seed": 0,
     "stagger": False,  # spread refreshes over the interval so the SVDs do not all land on one step
+    "solver": "svd",  # "gram": singular vectors from eigh of the smaller Gram matrix (see projectors.base.SOLVERS)
 }
 
 
@@ -129,7 +130,7 @@ class LowRankOptimizer(Optimizer):
         build_projector(  # the projector validates rank, gap, scale, proj_type, tau_max
             spec.name, group["rank"], proj_type=group["proj_type"], update_proj_gap=group["update_proj_gap"],
             scale=group["scale"], seed=group["seed"], adaptive_interval=group["adaptive_interval"],
-            tau_max=group["tau_max"],
+            tau_max=group["tau_max"], solver=group["solver"],
         )
         for position, param in enumerate(group["params"]):
             if param.dim() < 2 or (param.dim() > 2 and not spec.tensors):
@@ -199,6 +200,7 @@ class LowRankOptimizer(Optimizer):
                 group["projector"], group["rank"], proj_type=group["proj_type"],
                 update_proj_gap=group["update_proj_gap"], scale=group["scale"], seed=group["seed"],
                 index=self._indices[param], adaptive_interval=group["adaptive_interval"], tau_max=group["tau_max"],
+                solver=group["solver"],
             )
             if "projector" in self.state[param]:
                 projector.load_state_dict(self.state[param]["projector"])
@@ -215,6 +217,9 @@ class LowRankOptimizer(Optimizer):
         torch would cast every floating state tensor to the parameter's dtype."""
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         super().load_state_dict(state_dict)
+        for group in self.param_groups:  # a checkpoint from before a group key existed gets its default
+            for key in LOW_RANK_DEFAULTS.keys() & self.defaults.keys():
+                group.setdefault(key, self.defaults[key])
         params = [p for group in self.param_groups for p in group["params"]]
         for saved_id, param in zip(saved_ids, params, strict=True):
             if saved_id in state_dict["state"]:

@@ -24,6 +24,9 @@ import torch
 from .interval import mean_principal_cosine, next_interval
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
+# how SVD-based projectors get singular vectors: "svd" = torch.linalg.svd (galore-torch's call, bit-exact parity);
+# "gram" = eigh of the projected side's Gram matrix when that side is the smaller one (several times faster)
+SOLVERS = ("svd", "gram")
 DEFAULT_TAU_MAX_FACTOR = 4  # tau_max defaults to 4 × update_proj_gap when adaptive_interval is on
 
 _MASK64 = (1 << 64) - 1
@@ -102,6 +105,7 @@ class Projector:
         index: int = 0,
         adaptive_interval: bool = False,
         tau_max: int | None = None,
+        solver: str = "svd",
     ):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
@@ -114,6 +118,8 @@ class Projector:
             )
         if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        if solver not in SOLVERS:
+            raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
         tau_max = DEFAULT_TAU_MAX_FACTOR * update_proj_gap if tau_max is None else tau_max
         if isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < update_proj_gap:
             raise ValueError(f"tau_max must be an integer >= update_proj_gap={update_proj_gap}, got {tau_max!r}")
@@ -122,6 +128,7 @@ class Projector:
         self.seed, self.index = int(seed), int(index)
         self.adaptive_interval, self.tau_min, self.tau_max = bool(adaptive_interval), update_proj_gap, tau_max
         self.tau = update_proj_gap
+        self.solver = solver
         self.shape: tuple[int, ...] | None = None
         self._rank_per_mode: dict[int, int] = {}
         self.factors: dict[int, torch.Tensor] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .base import Basis, Projector
 from .sampling import inclusion_probabilities, systematic_sample
-from .svd import singular_factor, thin_svd
+from .svd import decompose
 
 
 class PlumageProjector(Projector):
@@ -19,15 +19,14 @@ class PlumageProjector(Projector):
     unbiased = True
 
     def _new_basis(self, grad, ranks, generator):
-        decomposition = thin_svd(grad)
+        ((mode, rank),) = ranks.items()
+        decomposition = decompose(grad, (mode,), self.solver)
         if decomposition is None:
             return None
-        u, sigma, vh = decomposition
-        ((mode, rank),) = ranks.items()
-        r_star, p = inclusion_probabilities(sigma, rank)
+        r_star, p = inclusion_probabilities(decomposition.sigma, rank)
         chosen = systematic_sample(p, rank, generator)
         p_chosen = p[chosen]
         inv_p = (1.0 / p_chosen).to(device=grad.device, dtype=grad.dtype)
-        factor = singular_factor(u, vh, mode, chosen.to(grad.device))
+        factor = decomposition.factor(mode, chosen.to(grad.device))
         stats = {"r_star": r_star, "min_p": p_chosen.min().item(), "max_inv_p": (1.0 / p_chosen).max().item()}
         return Basis({mode: factor}, inv_p=inv_p, stats=stats)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 from .base import Basis, Projector
@@ -34,17 +37,61 @@ def singular_factor(u: torch.Tensor, vh: torch.Tensor, mode: int, columns: torch
     return u[:, columns].clone() if mode == 0 else vh[columns].clone().T
 
 
+def gram_eigh(grad: torch.Tensor, mode: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Side-`mode` singular vectors and the singular values (descending) of `grad`, from its Gram matrix.
+
+    G Gᵀ = U Σ² Uᵀ (mode 0), Gᵀ G = V Σ² Vᵀ (mode 1): one eigh of a min(m, n)² matrix instead of an SVD of G.
+    Squaring loses the smallest singular values to rounding (clamped at 0); the top ones, which the
+    projection keeps, are unaffected, and an eigenbasis is orthonormal, which is all PLUMAGE's
+    unbiasedness needs. float64 retry as in thin_svd; None if eigh fails in both.
+    """
+    gram = grad @ grad.T if mode == 0 else grad.T @ grad
+    for dtype in (gram.dtype, torch.float64):
+        try:
+            eigenvalues, eigenvectors = torch.linalg.eigh(gram.to(dtype))
+            break
+        except RuntimeError:
+            continue
+    else:
+        return None
+    sigma = eigenvalues.flip(0).clamp_min(0).sqrt().to(grad.dtype)
+    return eigenvectors.flip(1).to(grad.dtype), sigma
+
+
+class Singular(NamedTuple):
+    sigma: torch.Tensor  # descending
+    factor: Callable[[int, torch.Tensor | slice], torch.Tensor]  # (mode, columns) -> dim_mode × r
+
+
+def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singular | None:
+    """Singular values of `grad` and a way to cut factors out of the singular vectors of the `modes` sides.
+
+    solver "gram" takes the eigh route when one side is projected and it is the smaller one (the usual
+    case: GaLore's std projects the smaller side); otherwise, and for solver "svd", torch.linalg.svd.
+    """
+    if solver == "gram" and len(modes) == 1 and grad.shape[modes[0]] <= grad.shape[1 - modes[0]]:
+        result = gram_eigh(grad, modes[0])
+        if result is None:
+            return None
+        vectors, sigma = result
+        return Singular(sigma, lambda mode, columns: vectors[:, columns].clone())
+    result = thin_svd(grad)
+    if result is None:
+        return None
+    u, sigma, vh = result
+    return Singular(sigma, lambda mode, columns: singular_factor(u, vh, mode, columns))
+
+
 class SVDProjector(Projector):
     name = "svd"
     description = "GaLore: top-r singular vectors of the gradient (biased, deterministic)"
 
     def _new_basis(self, grad, ranks, generator):
-        decomposition = thin_svd(grad)
+        decomposition = decompose(grad, tuple(ranks), self.solver)
         if decomposition is None:
             return None
-        u, sigma, vh = decomposition
         rank = next(iter(ranks.values()))
-        energy = sigma.double().square()
+        energy = decomposition.sigma.double().square()
         captured = (energy[:rank].sum() / energy.sum()).item()
-        factors = {mode: singular_factor(u, vh, mode, slice(0, r)) for mode, r in ranks.items()}
+        factors = {mode: decomposition.factor(mode, slice(0, r)) for mode, r in ranks.items()}
         return Basis(factors, stats={"energy_captured": captured})

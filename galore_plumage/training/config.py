@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..optimizers import RULES, list_optimizers
 from ..projectors import list_projectors
-from ..projectors.base import PROJ_TYPES
+from ..projectors.base import PROJ_TYPES, SOLVERS
 
 SCHEDULERS = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16")
@@ -82,6 +82,8 @@ class TrainConfig:
     realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
     adaptive_interval: bool = _flag(False, "adapt each weight's refresh interval to how fast its subspace moves")
     tau_max: int = _flag(None, "longest adaptive interval (default 4 x --update_proj_gap)")
+    solver: str = _flag("svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, as "
+                               "galore-torch) or 'gram' (eigh of the smaller Gram matrix: faster)", choices=SOLVERS)
     # --- evaluation, checkpoints, logging
     eval_every: int = _flag(5_000, "evaluate every this many updates (and at the end)")
     save_every: int = _flag(10_000, "checkpoint every this many updates (and at the end)")

@@ -97,6 +97,7 @@ def optimizer_options(config: TrainConfig) -> dict:
     if config.tau_max is not None:
         options["tau_max"] = config.tau_max
     options["seed"] = config.seed
+    options["solver"] = config.solver
     return options
 
 
