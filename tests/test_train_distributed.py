@@ -8,26 +8,18 @@ Per-layer optimizers, which step before DDP's all-reduce, are refused under more
 
 from __future__ import annotations
 
-import json
 import os
-import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from train_helpers import DIST_VARS, MODEL_CONFIG, REPO, read_metrics, write_corpus  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-import torchrun_main  # noqa: E402  (the entry point lives at the repository root)
+import torchrun_main  # noqa: E402
 
-MODEL_CONFIG = str(REPO / "configs" / "llama_micro.json")
 TIMEOUT_S = 180
-DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-             "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 UPDATES = 4
 # The weight-for-weight comparison with one process uses flora_adamw: low-rank (refreshes at updates 1 and 3,
 # momentum transferred) with a basis drawn from the seed alone, so the two runs differ only in the order of the
@@ -36,24 +28,6 @@ UPDATES = 4
 # rotate them or change a sampled index, which moved weights by up to 3e-4 here. Both ranks see the very same
 # all-reduced gradient, though, so plumage_adamw is checked for identical weights across ranks.
 COMPARED = "flora_adamw"
-
-
-def write_corpus(path: Path, documents: int = 150, seed: int = 0) -> Path:
-    """`documents` random "documents" of 20-60 words from a 300-word vocabulary, separated by blank lines."""
-    rng = random.Random(seed)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(300)]
-    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) for _ in range(documents)]
-    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    return path
-
-
-def read_metrics(save_dir: Path) -> dict[str, list[dict]]:
-    """metrics.jsonl grouped by record type."""
-    records: dict[str, list[dict]] = {}
-    for line in (Path(save_dir) / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["type"], []).append(record)
-    return records
 
 
 def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:

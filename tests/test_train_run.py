@@ -10,54 +10,27 @@ a longer run lowers the eval loss.
 
 from __future__ import annotations
 
-import json
 import math
-import random
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from train_helpers import DIST_VARS, MODEL_CONFIG, read_metrics, write_corpus  # noqa: E402
 from transformers import LlamaConfig
 
+import torchrun_main  # noqa: E402
 from galore_plumage import list_optimizers
 from galore_plumage.optimizers import optimizer_spec
 from galore_plumage.training.model import build_model
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-import torchrun_main  # noqa: E402  (the entry point lives at the repository root)
-
-MODEL_CONFIG = str(REPO / "configs" / "llama_micro.json")
-DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-             "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 PER_LAYER = [name for name in list_optimizers() if name.endswith("_per_layer")]
-
-
-def write_corpus(path: Path, documents: int = 150, seed: int = 0) -> Path:
-    """`documents` random "documents" of 20-60 words from a 300-word vocabulary, separated by blank lines."""
-    rng = random.Random(seed)
-    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 7))) for _ in range(300)]
-    docs = [" ".join(rng.choice(words) for _ in range(rng.randint(20, 60))) for _ in range(documents)]
-    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    return path
 
 
 def base_flags(corpus: dict) -> list[str]:
     return ["--dataset", str(corpus["dataset"]), "--vocab_size", "256", "--max_length", "32",
             "--model_config", MODEL_CONFIG, "--data_dir", str(corpus["data_dir"]), "--no-progress",
             "--rank", "8", "--update_proj_gap", "2", "--eval_tokens", "256", "--warmup_steps", "0"]
-
-
-def read_metrics(save_dir: Path) -> dict[str, list[dict]]:
-    """metrics.jsonl grouped by record type."""
-    records: dict[str, list[dict]] = {}
-    for line in (Path(save_dir) / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        records.setdefault(record["type"], []).append(record)
-    return records
 
 
 def final_weights(save_dir: Path, step: int) -> dict[str, torch.Tensor]:
