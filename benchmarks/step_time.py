@@ -1,0 +1,405 @@
+"""Step time and optimizer-state memory on the weights of one Llama layer: a by-hand benchmark, not a test.
+
+What is measured. The seven nn.Linear weights of one Llama decoder layer (q, k, v, o: h×h; gate, up: i×h;
+down: h×i, as (out, in)) at GaLore's 60M, 130M and 350M sizes, held by one optimizer as a single group (a
+low-rank one, proj_type "std", for the low-rank optimizers) and given fixed, seeded random fp32 gradients:
+
+    steady     one step that does not refresh the projection (update_proj_gap = 10**9; one warm-up step
+               first, which builds the basis and the moments)
+    refresh    one step that refreshes it (update_proj_gap = 1: every step refreshes and realigns; one
+               warm-up step first, so realignment has a previous basis to work from)
+    amortized  (refresh + (τ − 1)·steady) / τ with τ = 200, GaLore's update_proj_gap
+    state      bytes of every tensor in optimizer.state, nested dicts and lists included (our
+               state[p]["projector"]), and galore-torch's projector objects' ortho_matrix, counted as the
+               storages they keep alive (each once); where that is more than the tensors' own bytes
+               (galore-torch's ortho_matrix is a slice of the full SVD factor) both are shown
+    floor      the bare projection matmuls of the seven gradients at the rank, on the smaller side
+               (Pᵀ·G or G·Qᵀ, then back): what no low-rank step can beat
+
+Optimizers: torch.optim.AdamW; bitsandbytes AdamW8bit; galore-torch GaLoreAdamW, GaLoreAdafactor and
+GaLoreAdamW8bit; ours (optimizer_class(backend) with group keys) for projector svd / random / plumage ×
+backend adamw / adamw8bit / adafactor, svd and plumage with both solvers ("svd" and "gram"). One that
+cannot be built or stepped here is reported n/a with the reason.
+
+How. Each optimizer gets its own copy of the weights; the gradients are shared (no optimizer writes to
+them). Repetitions are interleaved (for each rep, every optimizer steps once) so drift hits all alike,
+and each figure is the median over the reps. Times are time.perf_counter around one step, with
+torch.cuda.synchronize before and after on CUDA. galore-torch's GaLoreAdamW8bit.step calls
+torch.cuda.synchronize(), which raises on a machine without CUDA: on CPU it is replaced by a no-op.
+
+    python benchmarks/step_time.py [--sizes 60m,130m,350m] [--reps 7] [--refresh-reps 3]
+                                   [--device cpu|cuda] [--threads N] [--out docs/step_time.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import galore_plumage
+from galore_plumage.optimizers import optimizer_class
+
+SIZES = {"60m": (512, 1376, 128), "130m": (768, 2048, 256), "350m": (1024, 2736, 256)}  # h, i, rank
+TAU = 200
+STEADY_GAP = 10**9
+SEED = 0
+REFERENCE = {  # the galore-torch row each family's ratios are taken against
+    "adamw": "galore-torch GaLoreAdamW",
+    "adamw8bit": "galore-torch GaLoreAdamW8bit",
+    "adafactor": "galore-torch GaLoreAdafactor",
+}
+OPTIONS = {
+    "adamw": {"lr": 1e-3, "weight_decay": 0.0},
+    "adamw8bit": {"lr": 1e-3, "weight_decay": 0.0},
+    "adafactor": {"lr": 1e-3, "relative_step": False, "scale_parameter": False},  # as GaLore's script
+}
+REALIGN = {"svd": "none", "random": "m", "plumage": "mv"}
+SCALE = {"svd": 0.25, "random": 1.0, "plumage": 1.0}  # GaLore's recipe for svd; no effect on timing
+FLOOR = "floor: projection matmuls"
+
+Build = Callable[[list[torch.Tensor], int, int], torch.optim.Optimizer]  # (params, rank, update_proj_gap)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    family: str  # adamw, adamw8bit or adafactor: picks the galore-torch reference row
+    low_rank: bool
+    build: Build
+
+
+@dataclass
+class Result:
+    name: str
+    family: str
+    steady: float | None = None  # seconds
+    refresh: float | None = None  # seconds; None for full-rank optimizers (they never refresh)
+    state_bytes: tuple[int, int] | None = None  # (storages kept alive, the tensors' own bytes)
+    failure: str | None = None
+
+    @property
+    def amortized(self) -> float | None:
+        if self.steady is None:
+            return None
+        refresh = self.steady if self.refresh is None else self.refresh
+        return (refresh + (TAU - 1) * self.steady) / TAU
+
+
+# ----------------------------------------------------------------------------------------- the setup
+def layer_shapes(h: int, i: int) -> dict[str, tuple[int, int]]:
+    """The (out, in) shapes of one Llama layer's nn.Linear weights."""
+    return {"q": (h, h), "k": (h, h), "v": (h, h), "o": (h, h), "gate": (i, h), "up": (i, h), "down": (h, i)}
+
+
+def random_tensors(shapes, device: torch.device, seed: int, scale: float = 1.0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [(scale * torch.randn(shape, generator=generator)).to(device) for shape in shapes]
+
+
+def low_rank_group(params, rank: int, gap: int, scale: float, **extra) -> list[dict]:
+    return [{"params": params, "rank": rank, "update_proj_gap": gap, "scale": scale, "proj_type": "std", **extra}]
+
+
+def galore_torch_build(class_name: str, backend: str) -> Build:
+    def build(params, rank, gap):
+        import galore_torch
+
+        with warnings.catch_warnings():  # its AdamW warns that it is deprecated in favour of torch's
+            warnings.simplefilter("ignore", FutureWarning)
+            return getattr(galore_torch, class_name)(low_rank_group(params, rank, gap, SCALE["svd"]), **OPTIONS[backend])
+
+    return build
+
+
+def ours_build(backend: str, projector: str, solver: str | None) -> Build:
+    extra = {"projector": projector, "realign": REALIGN[projector]} | ({"solver": solver} if solver else {})
+
+    def build(params, rank, gap):
+        groups = low_rank_group(params, rank, gap, SCALE[projector], **extra)
+        return optimizer_class(backend)(groups, **OPTIONS[backend])
+
+    return build
+
+
+def bnb_adamw8bit(params, rank, gap):
+    import bitsandbytes
+
+    return bitsandbytes.optim.AdamW8bit(params, **OPTIONS["adamw8bit"])
+
+
+def candidates() -> list[Candidate]:
+    """Every optimizer timed, grouped by family; the SVD-based projectors with each solver."""
+    solvers = ("svd", "gram")
+    ours = [(projector, solver) for projector in ("svd", "random", "plumage")
+            for solver in (solvers if projector != "random" else (None,))]
+    full_rank: dict[str, Build] = {
+        "adamw": lambda params, rank, gap: torch.optim.AdamW(params, **OPTIONS["adamw"]),
+        "adamw8bit": bnb_adamw8bit,
+    }
+    full_names = {"adamw": "torch AdamW", "adamw8bit": "bitsandbytes AdamW8bit"}
+    galore_names = {"adamw": "GaLoreAdamW", "adamw8bit": "GaLoreAdamW8bit", "adafactor": "GaLoreAdafactor"}
+    result = []
+    for backend in ("adamw", "adamw8bit", "adafactor"):
+        if backend in full_rank:
+            result.append(Candidate(full_names[backend], backend, False, full_rank[backend]))
+        result.append(Candidate(REFERENCE[backend], backend, True, galore_torch_build(galore_names[backend], backend)))
+        for projector, solver in ours:
+            label = f"ours {projector}" + (f" ({solver})" if solver else "") + f" / {backend}"
+            result.append(Candidate(label, backend, True, ours_build(backend, projector, solver)))
+    return result
+
+
+# ----------------------------------------------------------------------------------------- measuring
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def cuda_synchronize_disabled(device: torch.device):
+    """On CPU, make torch.cuda.synchronize a no-op (galore-torch's GaLoreAdamW8bit calls it every step)."""
+    if device.type == "cuda":
+        yield
+        return
+    original = torch.cuda.synchronize
+    torch.cuda.synchronize = lambda device=None: None
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize = original
+
+
+def step_once(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = grad  # re-set each step: galore-torch's 8-bit optimizer replaces p.grad by the low-rank one
+    optimizer.step()
+
+
+def build_and_warm(candidate: Candidate, grads, rank: int, gap: int, device) -> tuple[Callable[[], None], tuple]:
+    """The candidate's timed step (after one warm-up step) and its state bytes after the warm-up."""
+    params = [torch.nn.Parameter(w) for w in random_tensors([g.shape for g in grads], device, SEED + 1, 0.02)]
+    optimizer = candidate.build(params, rank, gap)
+    step_once(optimizer, params, grads)
+    synchronize(device)
+    return (lambda: step_once(optimizer, params, grads)), state_bytes(optimizer.state)
+
+
+def state_bytes(state) -> tuple[int, int]:
+    """Bytes of the tensors reachable from `state` (dicts, lists, GaLoreProjector objects), each counted once:
+    (of the storages they keep alive, of the tensors themselves)."""
+    storages: dict[int, int] = {}
+    tensors: dict[tuple[int, int], int] = {}
+
+    def visit(value) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+            tensors[value.data_ptr(), value.nbytes] = value.nbytes
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif hasattr(value, "ortho_matrix"):  # galore-torch's projector object
+            visit(value.ortho_matrix)
+
+    visit(dict(state))
+    return sum(storages.values()), sum(tensors.values())
+
+
+def floor_step(grads: list[torch.Tensor], bases: list[torch.Tensor]) -> Callable[[], None]:
+    """Project each gradient on its smaller side at the rank and back, as GaLore's proj_type "std" does."""
+
+    def run() -> None:
+        for grad, basis in zip(grads, bases, strict=True):
+            if grad.shape[0] >= grad.shape[1]:  # basis: n × r, right side
+                (grad @ basis) @ basis.T
+            else:  # basis: m × r, left side
+                basis @ (basis.T @ grad)
+
+    return run
+
+
+def floor_bases(grads: list[torch.Tensor], rank: int, device) -> list[torch.Tensor]:
+    shapes = [(min(g.shape), rank) for g in grads]
+    return [torch.linalg.qr(b).Q for b in random_tensors(shapes, device, SEED + 2)]
+
+
+def time_interleaved(steps: dict[str, Callable[[], None]], reps: int, device, what: str) -> dict[str, float]:
+    """Median seconds per step of each entry, repetitions interleaved across entries."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for rep in range(reps):
+        started = time.perf_counter()
+        for name, step in steps.items():
+            synchronize(device)
+            start = time.perf_counter()
+            step()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+        print(f"  {what} rep {rep + 1}/{reps}: {time.perf_counter() - started:.1f} s", flush=True)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def build_all(cands: list[Candidate], grads, rank: int, gap: int, device, results: dict[str, Result]):
+    """Warmed-up steps of the candidates that build and step; the others' failure goes into results."""
+    steps = {}
+    for candidate in cands:
+        try:
+            steps[candidate.name], size = build_and_warm(candidate, grads, rank, gap, device)
+        except Exception as error:  # report it as n/a, keep benchmarking the rest
+            results[candidate.name].failure = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+            print(f"  n/a {candidate.name}: {results[candidate.name].failure}", flush=True)
+            continue
+        if gap == STEADY_GAP:
+            results[candidate.name].state_bytes = size
+    return steps
+
+
+def measure_size(label: str, args, device: torch.device) -> list[Result]:
+    h, i, rank = SIZES[label]
+    grads = random_tensors(layer_shapes(h, i).values(), device, SEED)
+    cands = candidates()
+    results = {c.name: Result(c.name, c.family) for c in cands} | {FLOOR: Result(FLOOR, "adamw")}
+
+    print(f"{label}: h={h} i={i} rank={rank}, steady steps", flush=True)
+    steps = build_all(cands, grads, rank, STEADY_GAP, device, results)
+    steps[FLOOR] = floor_step(grads, floor_bases(grads, rank, device))
+    for name, seconds in time_interleaved(steps, args.reps, device, "steady").items():
+        results[name].steady = seconds
+    del steps
+
+    print(f"{label}: refresh steps", flush=True)
+    low_rank = [c for c in cands if c.low_rank and results[c.name].failure is None]
+    steps = build_all(low_rank, grads, rank, 1, device, results)
+    for name, seconds in time_interleaved(steps, args.refresh_reps, device, "refresh").items():
+        results[name].refresh = seconds
+    return list(results.values())
+
+
+# ----------------------------------------------------------------------------------------- reporting
+def ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{1e3 * seconds:.2f}"
+
+
+def mib(held: int, tensors: int) -> str:
+    return f"{held / 2**20:.2f}" + (f" ({tensors / 2**20:.2f} in tensors)" if held > 1.01 * tensors else "")
+
+
+def ratio(value: float | None, reference: float | None) -> str:
+    return "—" if value is None or not reference else f"{value / reference:.2f}"
+
+
+def table(results: list[Result]) -> str:
+    by_name = {r.name: r for r in results}
+    lines = ["| optimizer | steady ms | refresh ms | amortized ms (τ=200) | state MiB | steady / galore | amortized / galore |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if r.failure is not None:
+            lines.append(f"| {r.name} | n/a: {r.failure.replace('|', '/')} | | | | | |")
+            continue
+        reference = by_name[REFERENCE[r.family]]
+        state = "—" if r.state_bytes is None else mib(*r.state_bytes)
+        lines.append(f"| {r.name} | {ms(r.steady)} | {ms(r.refresh)} | {ms(r.amortized)} | {state} "
+                     f"| {ratio(r.steady, reference.steady)} | {ratio(r.amortized, reference.amortized)} |")
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def command_line() -> str:
+    """This run's command, the interpreter as a path relative to the working directory when it lies inside it."""
+    interpreter = os.path.relpath(sys.executable)
+    return shlex.join([sys.executable if interpreter.startswith("..") else interpreter, *sys.argv])
+
+
+def machine(device: torch.device) -> str:
+    gpu = f", GPU {torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})" if device.type == "cuda" else ""
+    return (f"{cpu_model()} ({torch.get_num_threads()} torch threads){gpu}; torch {torch.__version__}, "
+            f"galore_plumage {getattr(galore_plumage, '__version__', '?')}, Python {platform.python_version()}; "
+            f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
+
+
+def report(tables: dict[str, list[Result]], args, device: torch.device) -> str:
+    parts = [
+        "# Optimizer step time and state on one Llama layer",
+        "",
+        f"Command: `{command_line()}`  ",
+        f"Machine: {machine(device)}  ",
+        f"Reps: {args.reps} steady, {args.refresh_reps} refresh (medians, interleaved across optimizers).",
+        "",
+        "What each column is: see the docstring of `benchmarks/step_time.py`. Steady: a step without refresh;",
+        "refresh: a step that recomputes the projection (and realigns moments); amortized: (refresh + 199 · steady) / 200;",
+        "state: bytes of the tensors in `optimizer.state` (projector bases included) after one step, counted as the",
+        "storages they keep alive; in parentheses, where smaller, the tensors' own bytes (galore-torch's `ortho_matrix`",
+        "is a slice of the full SVD factor and keeps all of it alive).",
+        "Ratios are against galore-torch's GaLoreAdamW (adamw rows and the floor), GaLoreAdamW8bit (8-bit rows) and",
+        "GaLoreAdafactor (adafactor rows). Full-rank optimizers never refresh: their amortized time is their steady time.",
+        "The floor is the bare projection matmuls (project and project back on the smaller side at the rank).",
+        "galore-torch's GaLoreAdamW8bit passes bitsandbytes' arguments positionally: with bitsandbytes ≥ 0.45 its",
+        "`percentile_clipping=100` becomes `max_unorm=100`, so its steps also compute an update norm.",
+    ]
+    if device.type == "cpu":
+        parts.append("On CPU, `torch.cuda.synchronize` (called by galore-torch's GaLoreAdamW8bit) was made a no-op.")
+    for label, results in tables.items():
+        h, i, rank = SIZES[label]
+        parts += ["", f"## {label.upper()}: h = {h}, i = {i}, rank {rank}", "", table(results)]
+    return "\n".join(parts) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="60m,130m,350m", help=f"comma-separated, of {', '.join(SIZES)}")
+    parser.add_argument("--reps", type=int, default=7, help="steady-step repetitions")
+    parser.add_argument("--refresh-reps", type=int, default=3, help="refresh-step repetitions")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="report path (default docs/step_time.md, docs/step_time_cuda.md on CUDA)")
+    args = parser.parse_args(argv)
+    args.sizes = args.sizes.split(",")
+    unknown = [s for s in args.sizes if s not in SIZES]
+    if unknown or args.reps < 1 or args.refresh_reps < 1:
+        parser.error(f"sizes must be among {', '.join(SIZES)} (got {unknown}); reps must be >= 1")
+    if args.out is None:
+        name = "step_time_cuda.md" if args.device == "cuda" else "step_time.md"
+        args.out = Path(__file__).resolve().parent.parent / "docs" / name
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(machine(device), flush=True)
+    tables = {}
+    with cuda_synchronize_disabled(device):
+        for label in args.sizes:
+            tables[label] = measure_size(label, args, device)
+            print(table(tables[label]), flush=True)
+    args.out.write_text(report(tables, args, device))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
