@@ -22,8 +22,8 @@ LATEST = "latest"
 
 
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": list(random.getstate()[1]),
-             "python_version": random.getstate()[0], "python_gauss": random.getstate()[2]}
+    version, internal, gauss = random.getstate()
+    state = {"torch": torch.get_rng_state(), "python": list(internal), "python_version": version, "python_gauss": gauss}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

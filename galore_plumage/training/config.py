@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from ..optimizers import RULES, list_optimizers
+from ..optimizers import RULES, LayerwiseOptimizer, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES, SOLVERS
 
@@ -148,10 +148,13 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         raise ValueError("--proj_quant (Q-GaLore's quantized projections) is not implemented; drop the flag")
     if c.single_gpu and world_size > 1:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
-    if c.optimizer.endswith("_per_layer") and c.grad_clipping > 0:
-        raise ValueError(f"--grad_clipping {c.grad_clipping} cannot apply to --optimizer {c.optimizer}: each weight "
-                         "steps as soon as its own gradient is ready, so no global norm exists; set it to 0")
-    if c.optimizer.endswith("_per_layer") and world_size > 1:
+    per_layer = optimizer_spec(c.optimizer).per_layer
+    if per_layer:
+        try:  # the optimizer would refuse it too, but only after the data and model are built
+            LayerwiseOptimizer.refuse_clipping(c.grad_clipping)
+        except ValueError as error:
+            raise ValueError(f"--grad_clipping {c.grad_clipping} with --optimizer {c.optimizer}: {error}") from None
+    if per_layer and world_size > 1:
         raise ValueError(f"--optimizer {c.optimizer} steps each weight inside its gradient hook, before DDP has "
                          f"all-reduced that gradient; run it on one process (--single_gpu), not {world_size}")
 

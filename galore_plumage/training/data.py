@@ -213,9 +213,10 @@ def streamed_eval_batches(dataset, tokenizer, max_length: int, batch_size: int, 
     import datasets.distributed
 
     shard = datasets.distributed.split_dataset_by_node(dataset, rank=rank, world_size=world_size)
-    batches, budget = [], -(-token_budget // world_size)
+    batches, tokens, budget = [], 0, -(-token_budget // world_size)
     for batch in packed_stream((row["text"] for row in shard), tokenizer, max_length, batch_size):
-        if sum(b.numel() for b in batches) >= budget:
+        if tokens >= budget:
             break
         batches.append(batch)
+        tokens += batch.numel()
     return batches

@@ -53,7 +53,6 @@ class Batches:
             self.shuffled = data_lib.ShuffledBatches(train, config.batch_size, config.seed, rank, world)
             self.validation = data_lib.eval_batches(data_lib.pack(texts[1], self.tokenizer, config.max_length),
                                                     config.batch_size, config.eval_tokens, rank, world)
-            self.train_sequences = len(train)
 
     def next(self) -> torch.Tensor:
         if not self.streamed:
@@ -146,7 +145,6 @@ def train(config: TrainConfig, context: Dist) -> dict:
     model_config = load_model_config(config.model_config, len(tokenizer), tokenizer.eos_token_id)
     dtype = DTYPES[config.dtype]
     model = build_model(model_config, dtype, context.device, config.seed, config.activation_checkpointing)
-    names = {i: name for i, (name, _) in enumerate(model.named_parameters())}
 
     optimizer = build_optimizer(
         config.optimizer, model, rank=config.rank, update_proj_gap=config.update_proj_gap, scale=config.galore_scale,
@@ -156,8 +154,7 @@ def train(config: TrainConfig, context: Dist) -> dict:
     inner = getattr(optimizer, "optimizer", optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
     scheduler = build_scheduler(inner, config.scheduler, config.warmup_steps, config.num_training_steps,
                                 config.min_lr_ratio)
-    per_layer = inner is not optimizer
-    index_names = {inner_index: names[i] for inner_index, i in _group_order(inner, model).items()}
+    index_names = _names_by_group_index(inner, model)
 
     update_step, tokens_seen = 0, 0
     if config.continue_from is not None:
@@ -206,7 +203,7 @@ def train(config: TrainConfig, context: Dist) -> dict:
 
     def run_eval(step: int) -> float:
         eval_loss, eval_count = evaluate(ddp_model, batches.validation, context, autocast)
-        eval_ppl = math.exp(min(eval_loss, 50.0))
+        eval_ppl = perplexity(eval_loss)
         log.write("eval", step=step, eval_loss=eval_loss, eval_ppl=eval_ppl, eval_tokens=eval_count,
                   tokens=tokens_seen)
         for record in projector_records(optimizer, index_names):
@@ -217,7 +214,7 @@ def train(config: TrainConfig, context: Dist) -> dict:
     start = time.perf_counter()
     stop = config.stop_at if config.stop_at is not None else config.num_training_steps
     while update_step < stop:
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=context.device)  # summed on device: one sync an update
         for micro in range(accumulation):
             batch = batches.next().to(context.device)
             last_micro = micro == accumulation - 1
@@ -227,11 +224,11 @@ def train(config: TrainConfig, context: Dist) -> dict:
                 with autocast():
                     loss = ddp_model(input_ids=batch, labels=batch).loss
                 (loss / accumulation).backward()
-            loss_sum += loss.detach().double().cpu()
+            loss_sum += loss.detach().double()
         if not torch.isfinite(loss_sum):
             raise FloatingPointError(f"non-finite training loss at update {update_step + 1}; lower --lr or enable "
                                      f"--grad_clipping. The last checkpoint is left untouched")
-        if config.grad_clipping > 0 and not per_layer:
+        if config.grad_clipping > 0:  # resolve() refused clipping for per-layer optimizers
             torch.nn.utils.clip_grad_norm_(trainable, config.grad_clipping)
         lr = inner.param_groups[0]["lr"]
         optimizer.step()
@@ -267,7 +264,7 @@ def train(config: TrainConfig, context: Dist) -> dict:
     if main and len(set(fingerprints)) > 1:
         print(f"WARNING: the ranks ended with different weights (fingerprints {fingerprints})")
     summary = {
-        "step": update_step, "tokens": tokens_seen, "eval_loss": eval_loss, "eval_ppl": math.exp(min(eval_loss, 50.0)),
+        "step": update_step, "tokens": tokens_seen, "eval_loss": eval_loss, "eval_ppl": perplexity(eval_loss),
         "seconds": time.perf_counter() - start, "optimizer": config.optimizer, "save_dir": config.save_dir,
         "rank_fingerprints": fingerprints,
     }
@@ -291,8 +288,12 @@ def weight_fingerprint(model) -> float:
     return total
 
 
-def _group_order(optimizer, model) -> dict[int, int]:
-    """Index of each parameter in the optimizer's groups -> its index in model.named_parameters()."""
-    position = {id(p): i for i, p in enumerate(model.parameters())}
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 50.0))  # capped so a diverged run logs a number, not an overflow
+
+
+def _names_by_group_index(optimizer, model) -> dict[int, str]:
+    """Index of each parameter in the optimizer's groups (how projector_stats keys them) -> its name."""
+    name_of = {id(p): name for name, p in model.named_parameters()}
     flat = [p for group in optimizer.param_groups for p in group["params"]]
-    return {i: position[id(p)] for i, p in enumerate(flat)}
+    return {i: name_of[id(p)] for i, p in enumerate(flat)}

@@ -53,7 +53,8 @@ class Progress:
         return rate
 
     def write(self, message: str) -> None:
-        self.bar.write(message) if not self.bar.disable else None
+        if not self.bar.disable:
+            self.bar.write(message)
 
     def close(self) -> None:
         self.bar.close()
