@@ -10,10 +10,11 @@ everything else is shared. Results: docs/compare.md and docs/compare_loss.png (r
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from plot_runs import load_run, plot_losses  # scripts/ is on sys.path when this file runs
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {
@@ -23,7 +24,7 @@ RECIPES = {
 }
 
 
-def run(optimizer: str, args, save_dir: Path) -> list[dict]:
+def run(optimizer: str, args, save_dir: Path) -> None:
     command = [
         sys.executable, str(ROOT / "torchrun_main.py"), "--optimizer", optimizer, *RECIPES[optimizer],
         "--model_config", args.model_config, "--batch_size", str(args.batch_size), "--max_length", str(args.max_length),
@@ -36,7 +37,6 @@ def run(optimizer: str, args, save_dir: Path) -> list[dict]:
         (save_dir / "metrics.jsonl").unlink()  # a fresh curve, not appended to an older run's
     print(f"== {optimizer}: {' '.join(command[1:])}", flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
-    return [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def table(results: dict[str, list[dict]], args) -> str:
@@ -56,27 +56,6 @@ def table(results: dict[str, list[dict]], args) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(results: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4.2))
-    for name, records in results.items():
-        train = [(r["step"], r["loss"]) for r in records if r["type"] == "train"]
-        evals = [(r["step"], r["eval_loss"]) for r in records if r["type"] == "eval"]
-        line, = axis.plot(*zip(*train, strict=True), alpha=0.45, linewidth=1)
-        axis.plot(*zip(*evals, strict=True), "o-", color=line.get_color(), label=f"{name} (eval)")
-    axis.set_xlabel("update")
-    axis.set_ylabel("loss (nats/token)")
-    axis.set_title("Same model, data and budget: train (faint) and eval loss")
-    axis.legend()
-    axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model_config", default="configs/llama_tiny.json")
@@ -91,18 +70,20 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="redraw from the runs already in runs/compare/")
     args = parser.parse_args()
 
-    def records(name: str) -> list[dict]:
+    results = {}
+    for name in RECIPES:
         save_dir = ROOT / "runs" / "compare" / name
         if not args.report_only:
-            return run(name, args, save_dir)
-        return [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines()]
-
-    results = {name: records(name) for name in RECIPES}
+            run(name, args, save_dir)
+        results[name] = load_run(save_dir)[1]
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
     text = table(results, args)
     (out / "compare.md").write_text("# Optimizer comparison on the bundled corpus\n\n" + text)
-    plot(results, out / "compare_loss.png")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    plot_losses(list(results.items()), out / "compare_loss.png", log_scale=False, window=10)
     print(text)
     best = min(results, key=lambda n: next(r for r in results[n] if r["type"] == "summary")["eval_loss"])
     print(f"lowest eval loss: {best}; table in {out / 'compare.md'}, plot in {out / 'compare_loss.png'}")
