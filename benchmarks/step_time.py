@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 import galore_plumage
-from galore_plumage.optimizers import optimizer_class
+from galore_plumage.optimizers import FAMILIES, optimizer_class
 
 SIZES = {"60m": (512, 1376, 128), "130m": (768, 2048, 256), "350m": (1024, 2736, 256)}  # h, i, rank
 TAU = 200
@@ -66,7 +66,7 @@ OPTIONS = {
     "adamw8bit": {"lr": 1e-3, "weight_decay": 0.0},
     "adafactor": {"lr": 1e-3, "relative_step": False, "scale_parameter": False},  # as GaLore's script
 }
-REALIGN = {"svd": "none", "random": "m", "plumage": "mv"}
+REALIGN = {projector: realign for projector, realign, _ in FAMILIES.values() if projector}  # galore_/flora_/plumage_
 SCALE = {"svd": 0.25, "random": 1.0, "plumage": 1.0}  # GaLore's recipe for svd; no effect on timing
 FLOOR = "floor: projection matmuls"
 
