@@ -20,9 +20,9 @@ def _rms(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.norm(2) / (tensor.numel() ** 0.5)
 
 
-def _inverse_sqrt_factored(row: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+def _inverse_sqrt_factored(row: torch.Tensor, col: torch.Tensor, row_mean: torch.Tensor) -> torch.Tensor:
     """1/√V̂ for V̂ = row ⊗ col / mean(row)."""
-    r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+    r_factor = (row / row_mean).rsqrt_().unsqueeze(-1)
     c_factor = col.unsqueeze(-2).rsqrt()
     return torch.mul(r_factor, c_factor)
 
@@ -37,6 +37,10 @@ def adafactor_step_size(group: dict, step: int, rms: float) -> float:
 
 
 class AdafactorBackend(Backend):
+    """The three reductions that span a whole tensor (RMS, the mean over rows, the mean of the row factor) are
+    methods, so a row-sharded variant (optimizers/sharded.py) can sum them over ranks; the rest is elementwise
+    or along the last dimension, which a dim-0 shard holds whole."""
+
     name = "adafactor"
     decay_first = True
     defaults = {
@@ -83,7 +87,7 @@ class AdafactorBackend(Backend):
                 state["exp_avg_sq"] = torch.zeros_like(grad)
         step = state["step"]
         if group["scale_parameter"] or "RMS" not in state:  # .item() syncs a GPU: only pay it when the RMS is used
-            state["RMS"] = _rms(param.float()).item()
+            state["RMS"] = self._rms(param.float()).item()
         step_size = adafactor_step_size(group, step, state["RMS"])
         beta2t = 1.0 - math.pow(step, group["decay_rate"])
 
@@ -91,17 +95,29 @@ class AdafactorBackend(Backend):
         if factored:
             row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
             row.mul_(beta2t).add_(update.mean(dim=-1), alpha=1.0 - beta2t)
-            col.mul_(beta2t).add_(update.mean(dim=-2), alpha=1.0 - beta2t)
-            update = _inverse_sqrt_factored(row, col).mul_(grad)
+            col.mul_(beta2t).add_(self._mean_over_rows(update), alpha=1.0 - beta2t)
+            update = _inverse_sqrt_factored(row, col, self._mean_of_row_factor(row)).mul_(grad)
         else:
             state["exp_avg_sq"].mul_(beta2t).add_(update, alpha=1.0 - beta2t)
             update = state["exp_avg_sq"].rsqrt().mul_(grad)
-        update.div_((_rms(update) / group["clip_threshold"]).clamp_(min=1.0))
+        update.div_((self._rms(update) / group["clip_threshold"]).clamp_(min=1.0))
         update.mul_(step_size)
         if group["beta1"] is not None:
             state["exp_avg"].mul_(group["beta1"]).add_(update, alpha=1.0 - group["beta1"])
             update = state["exp_avg"]
         return Update(update, 1.0, group["weight_decay"] * step_size)
+
+    @staticmethod
+    def _rms(tensor: torch.Tensor) -> torch.Tensor:
+        return _rms(tensor)
+
+    @staticmethod
+    def _mean_over_rows(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.mean(dim=-2)
+
+    @staticmethod
+    def _mean_of_row_factor(row: torch.Tensor) -> torch.Tensor:
+        return row.mean(dim=-1, keepdim=True)
 
     def realign(self, state, projector, rule):
         """The first moment (an average of updates, not gradients) moves with B; the factored V with B∘B.

@@ -21,6 +21,11 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch.optim import Optimizer
 
+try:  # FSDP2's sharded parameters; absent from torch builds without distributed support
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover
+    DTensor = None
+
 from ..projectors import Projector, build_projector, projector_spec
 from .realign import check_rule
 
@@ -111,6 +116,7 @@ class LowRankOptimizer(Optimizer):
             raise TypeError(f"{type(self).__name__} got unexpected options {unknown}; accepted: {sorted(known)}")
         self._projectors: dict[torch.Tensor, Projector] = {}
         self._indices: dict[torch.Tensor, int] = {}
+        self._sharding = None  # optimizers.sharded.Sharding once a DTensor (FSDP2) parameter is added
         super().__init__(params, {**known, **self.class_defaults, **options})
 
     # ----------------------------------------------------------------- groups
@@ -122,6 +128,12 @@ class LowRankOptimizer(Optimizer):
             self._indices.setdefault(param, len(self._indices))
         if "rank" in group:
             self._validate_low_rank(group, len(self.param_groups) - 1)
+        if self._sharding is None and any(_is_dtensor(p) for p in group["params"]):
+            from .sharded import Sharding  # imported only when sharded weights appear: it imports this module
+
+            self._sharding = Sharding(self)
+        if self._sharding is not None:
+            self._sharding.validate_group(group, len(self.param_groups) - 1)
 
     @staticmethod
     def _validate_low_rank(group: dict, index: int) -> None:
@@ -157,6 +169,9 @@ class LowRankOptimizer(Optimizer):
     def step_param(self, param: torch.Tensor, group: dict, grad: torch.Tensor | None = None,
                    low_grad: torch.Tensor | None = None) -> None:
         """One update of one weight, from its full gradient or from an already projected one."""
+        if self._sharding is not None and _is_dtensor(param):
+            self._sharding.step(param, group, grad, low_grad)
+            return
         state = self.state[param]
         state.setdefault("step", 0)
         if "rank" not in group:
@@ -212,9 +227,16 @@ class LowRankOptimizer(Optimizer):
         return {self._indices[p]: dict(proj.stats) for p, proj in self._projectors.items()}
 
     # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict:
+        """As torch's; the state of FSDP2-sharded weights comes as DTensors (see optimizers/sharded.py)."""
+        state_dict = super().state_dict()
+        return self._sharding.wrap_state_dict(state_dict) if self._sharding is not None else state_dict
+
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch's, but tensors keep their saved dtype (fp32 bases and moments, uint8 8-bit states):
         torch would cast every floating state tensor to the parameter's dtype."""
+        if self._sharding is not None:
+            state_dict = self._sharding.unwrap_state_dict(state_dict)
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         super().load_state_dict(state_dict)
         for group in self.param_groups:  # a checkpoint from before a group key existed gets its default
@@ -225,6 +247,11 @@ class LowRankOptimizer(Optimizer):
             if saved_id in state_dict["state"]:
                 self.state[param] = _on_device(state_dict["state"][saved_id], param.device)
         self._projectors = {}
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    """A parameter sharded by FSDP2 (fully_shard) or another DTensor API; its steps live in optimizers/sharded.py."""
+    return DTensor is not None and isinstance(tensor, DTensor)
 
 
 def _on_device(value, device: torch.device):

@@ -94,6 +94,7 @@ class Projector:
     unbiased: ClassVar[bool] = False  # E[project_back(project(G))] = G (at scale 1)
     tensors: ClassVar[bool] = False  # accepts gradients with more than 2 dims
     stores_factors: ClassVar[bool] = True  # False: factors are regenerated from the seed on load
+    from_spectrum: ClassVar[bool] = False  # True: a basis is made from singular values/vectors alone (sharded refresh)
 
     def __init__(
         self,
@@ -143,6 +144,10 @@ class Projector:
         """A new basis for `grad` (finite, non-zero, float32/64); None keeps the previous one."""
         raise NotImplementedError
 
+    def _basis_from_spectrum(self, decomposition, ranks: dict[int, int], generator: torch.Generator) -> Basis | None:
+        """A new basis from a `svd.Singular` (σ descending and a way to cut singular vectors); from_spectrum only."""
+        raise NotImplementedError(f"projector {self.name!r} does not build its basis from a spectrum")
+
     def _ranks(self, shape: tuple[int, ...]) -> dict[int, int]:
         """Rank per projected mode. Matrices: rank clamped to min(m, n), with a warning."""
         smallest = min(shape)
@@ -182,8 +187,13 @@ class Projector:
         if basis is None:
             self.stats["skipped_refreshes"] += 1
             return False
+        self.install(basis, tuple(grad.shape), ranks, step)
+        return True
+
+    def install(self, basis: Basis, shape: tuple[int, ...], ranks: dict[int, int], step: int) -> None:
+        """Make `basis` (built for a gradient of `shape`) the current one: transition, ρ, τ, schedule, stats."""
         if self.shape is None:
-            self.shape, self._rank_per_mode = tuple(grad.shape), ranks
+            self.shape, self._rank_per_mode = shape, ranks
 
         old = self.factors
         self.transition = None
@@ -198,7 +208,6 @@ class Projector:
         self.refresh_count += 1
         self.next_refresh = step + self.tau
         self.stats.update(basis.stats, refreshes=self.refresh_count, tau=self.tau)
-        return True
 
     # ----------------------------------------------------------------- the maps
     def project(self, grad: torch.Tensor) -> torch.Tensor:

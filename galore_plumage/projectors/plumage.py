@@ -17,16 +17,19 @@ class PlumageProjector(Projector):
     description = "PLUMAGE: singular vectors sampled with min-variance inclusion probabilities, 1/p-rescaled (unbiased)"
     proj_types = ("std", "reverse_std", "left", "right")  # one-sided: the estimator samples one side's vectors
     unbiased = True
+    from_spectrum = True
 
     def _new_basis(self, grad, ranks, generator):
+        decomposition = decompose(grad, tuple(ranks), self.solver)
+        return None if decomposition is None else self._basis_from_spectrum(decomposition, ranks, generator)
+
+    def _basis_from_spectrum(self, decomposition, ranks, generator):
         ((mode, rank),) = ranks.items()
-        decomposition = decompose(grad, (mode,), self.solver)
-        if decomposition is None:
-            return None
-        r_star, p = inclusion_probabilities(decomposition.sigma, rank)
+        sigma = decomposition.sigma
+        r_star, p = inclusion_probabilities(sigma, rank)
         chosen = systematic_sample(p, rank, generator)
         p_chosen = p[chosen]
-        inv_p = (1.0 / p_chosen).to(device=grad.device, dtype=grad.dtype)
-        factor = decomposition.factor(mode, chosen.to(grad.device))
+        inv_p = (1.0 / p_chosen).to(device=sigma.device, dtype=sigma.dtype)
+        factor = decomposition.factor(mode, chosen.to(sigma.device))
         stats = {"r_star": r_star, "min_p": p_chosen.min().item(), "max_inv_p": (1.0 / p_chosen).max().item()}
         return Basis({mode: factor}, inv_p=inv_p, stats=stats)

@@ -46,16 +46,33 @@ def gram_eigh(grad: torch.Tensor, mode: int) -> tuple[torch.Tensor, torch.Tensor
     unbiasedness needs. float64 retry as in thin_svd; None if eigh fails in both.
     """
     gram = grad @ grad.T if mode == 0 else grad.T @ grad
-    for dtype in (gram.dtype, torch.float64):
+    return eigh_gram(gram, grad.dtype)
+
+
+def eigh_gram(gram: torch.Tensor, dtype: torch.dtype, noise_floor: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Eigenvectors (columns) and σ = √λ of a symmetric PSD Gram matrix, both descending, cast to `dtype`.
+
+    Rounding can leave tiny negative eigenvalues: they are clamped to σ = 0 (a direction that carries nothing),
+    so σ is never NaN and stays sorted. Also the route of a sharded refresh, whose Gram is all-reduced over ranks.
+
+    noise_floor: also zero every λ < size · ε · λ_max (ε of the Gram's dtype), the rounding error of forming the
+    Gram. Squaring turns a rounding-level singular value of G (ε·σ₁) into σ = √(ε)·σ₁, large enough for PLUMAGE to
+    give such noise directions a real inclusion probability and then a 1/p-scaled step; at σ = 0 they get none.
+    """
+    for dtype_tried in (gram.dtype, torch.float64):
         try:
-            eigenvalues, eigenvectors = torch.linalg.eigh(gram.to(dtype))
+            eigenvalues, eigenvectors = torch.linalg.eigh(gram.to(dtype_tried))
             break
         except RuntimeError:
             continue
     else:
         return None
-    sigma = eigenvalues.flip(0).clamp_min(0).sqrt().to(grad.dtype)
-    return eigenvectors.flip(1).to(grad.dtype), sigma
+    eigenvalues = eigenvalues.flip(0)
+    if noise_floor:
+        floor = gram.shape[0] * torch.finfo(gram.dtype).eps * eigenvalues[0].clamp_min(0)
+        eigenvalues = torch.where(eigenvalues < floor, torch.zeros_like(eigenvalues), eigenvalues)
+    sigma = eigenvalues.clamp_min(0).sqrt().to(dtype)
+    return eigenvectors.flip(1).to(dtype), sigma
 
 
 class Singular(NamedTuple):
@@ -85,11 +102,13 @@ def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singul
 class SVDProjector(Projector):
     name = "svd"
     description = "GaLore: top-r singular vectors of the gradient (biased, deterministic)"
+    from_spectrum = True
 
     def _new_basis(self, grad, ranks, generator):
         decomposition = decompose(grad, tuple(ranks), self.solver)
-        if decomposition is None:
-            return None
+        return None if decomposition is None else self._basis_from_spectrum(decomposition, ranks, generator)
+
+    def _basis_from_spectrum(self, decomposition, ranks, generator):
         rank = next(iter(ranks.values()))
         energy = decomposition.sigma.double().square()
         captured = (energy[:rank].sum() / energy.sum()).item()

@@ -1,0 +1,240 @@
+"""Run under `torchrun --nproc_per_node W` by tests/test_fsdp_optimizers.py: FSDP2 (gloo) against one process.
+
+For each optimizer name, on a tiny float64 model with a weight whose rows do not divide by W:
+  * W ranks, each with 1/W of the global batch, train STEPS updates (refreshes at 0, 3, 6) under fully_shard;
+  * the same model without FSDP trains on the whole batch in this process (the single-process reference);
+  * a DCP checkpoint (model + optimizer) taken at SAVE_AT is loaded into a fresh model and optimizer and continued.
+Rank 0 writes what it measured to <out>/results.json; the test makes the assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.fsdp import fully_shard
+
+from galore_plumage.optimizers import build_optimizer
+from galore_plumage.training.fsdp import load_optimizer, save_optimizer
+
+STEPS, SAVE_AT, GAP, RANK, BATCH = 7, 4, 3, 8, 64
+OPTIONS = {
+    "galore_adamw": {"lr": 1e-2, "weight_decay": 0.01},
+    "plumage_adamw": {"lr": 1e-2, "weight_decay": 0.01},
+    # 300: the uneven 37 x 8 low-rank state stays fp32, the 64 x 8 one (32 x 8 = one 256-block per rank) is 8-bit
+    "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 300},
+    "plumage_adamw8bit_fp32": {  # the same backend with every state kept fp32 (bitsandbytes' 32-bit kernel)
+       "lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 10**9},
+    "plumage_adafactor": {"lr": 1e-2, "weight_decay": 0.01, "relative_step": False, "scale_parameter": True,
+                          "beta1": 0.9},
+    "flora_adamw": {"lr": 1e-2, "weight_decay": 0.01},
+}
+
+
+class Tiny(nn.Module):
+    """mlp_up (37 x 24: uneven shards) and mlp_down (64 x 37) are low-rank; norm, the bias and head are regular.
+    `wide` adds a 24 x 40 low-rank weight, for which proj_type std picks the left side."""
+
+    def __init__(self, wide: bool = False):
+        super().__init__()
+        self.norm = nn.Parameter(torch.ones(24))
+        self.mlp_up = nn.Linear(24, 37)
+        self.mlp_down = nn.Linear(37, 64, bias=False)
+        self.mlp_wide = nn.Linear(40, 24, bias=False) if wide else None
+        self.head = nn.Linear(64, 8, bias=False)
+
+    def forward(self, x):
+        if self.mlp_wide is not None:
+            x = x + 0.1 * self.mlp_wide(torch.cat([x, x[:, :16]], dim=1))
+        return self.head(torch.tanh(self.mlp_down(torch.tanh(self.mlp_up(x * self.norm)))))
+
+
+# 8-bit and Adafactor keep float32 states, which float64 bases cannot multiply: they run in float32
+DTYPES = {"plumage_adamw8bit": torch.float32, "plumage_adamw8bit_fp32": torch.float32, "plumage_adafactor": torch.float32}
+
+
+def batch(step: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `step`. In float64, 64 samples: full-rank gradients, so PLUMAGE samples among all 24/37
+    directions. In float32, rounding of the gradient sum (FSDP's reduce-scatter vs one process) can swap or rotate
+    nearly equal tail singular vectors and so change a sampled direction (tests/test_train_distributed.py saw the same
+    with DDP); 8 samples give gradients of rank <= 8 = the projection rank, a subspace rounding cannot move."""
+    size = BATCH if dtype == torch.float64 else RANK
+    generator = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(size, 24, generator=generator, dtype=torch.float64)
+    y = torch.randn(size, 8, generator=generator, dtype=torch.float64)
+    return x.to(dtype), y.to(dtype)
+
+
+def build(name: str, wide: bool, sharded: bool, proj_type: str):
+    torch.manual_seed(0)
+    model = Tiny(wide).to(DTYPES.get(name, torch.float64))
+    dtype = model.norm.dtype
+    if sharded:
+        fully_shard(model)
+    # float64: the reference takes the same eigh-of-Gram route; float32: torch.linalg.svd, whose rounding-level
+    # singular values stay at ε·σ₁ (the sharded route zeroes them: svd.eigh_gram's noise floor)
+    solver = "gram" if dtype == torch.float64 else "svd"
+    optimizer = build_optimizer(name.removesuffix("_fp32"), model, rank=RANK, update_proj_gap=GAP, proj_type=proj_type,
+                                solver=solver, **OPTIONS[name])
+    return model, optimizer
+
+
+def train(model, optimizer, steps: range, shard: tuple[int, int] | None) -> None:
+    dtype = next(model.parameters()).dtype
+    for step in steps:
+        x, y = batch(step, dtype)
+        if shard is not None:  # this rank's equal share of the global batch; FSDP2 averages the gradients
+            rank, world = shard
+            size = len(x) // world
+            x, y = x[rank * size:(rank + 1) * size], y[rank * size:(rank + 1) * size]
+        loss = (model(x) - y).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def local_state_bytes(optimizer) -> dict[str, dict[str, int]]:
+    """Per low-rank weight: bytes of its moment tensors on this rank, and of its projector tensors."""
+    names = {id(p): n for n, p in optimizer.routing_params.items()}
+    out = {}
+    for group in optimizer.param_groups:
+        if "rank" not in group:
+            continue
+        for param in group["params"]:
+            state = optimizer.state[param]
+            moments = sum(v.numel() * v.element_size() for k, v in state.items() if isinstance(v, torch.Tensor))
+            projector = state["projector"]
+            basis = sum(f.numel() * f.element_size() for f in projector.get("factors", {}).values())
+            out[names[id(param)]] = {"moments": moments, "basis": basis}
+    return out
+
+
+def run_optimizer(name: str, out_dir: str, rank: int, world: int) -> dict:
+    result: dict = {}
+    model, optimizer = build(name, wide=False, sharded=True, proj_type="std")
+    optimizer.routing_params = dict(model.named_parameters())
+    train(model, optimizer, range(SAVE_AT), (rank, world))
+    checkpoint = f"{out_dir}/{name}-step{SAVE_AT}"
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=f"{checkpoint}/model")
+    save_optimizer(model, optimizer, f"{checkpoint}/optimizer")
+    train(model, optimizer, range(SAVE_AT, STEPS), (rank, world))
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}
+
+    reference, ref_optimizer = build(name, wide=False, sharded=False, proj_type="std")
+    ref_optimizer.routing_params = dict(reference.named_parameters())
+    initial = {n: p.detach().clone() for n, p in reference.named_parameters()}
+    train(reference, ref_optimizer, range(STEPS), None)
+    result["max_abs_diff"] = max((full[n] - p.detach()).abs().max().item() for n, p in reference.named_parameters())
+    result["min_moved"] = min((p.detach() - initial[n]).abs().max().item() for n, p in reference.named_parameters())
+
+    stats = optimizer.projector_stats()
+    result["refreshes"] = sorted({s["refreshes"] for s in stats.values()})
+    result["state_bytes"] = gather_json(local_state_bytes(optimizer), world)
+    result["reference_state_bytes"] = local_state_bytes(ref_optimizer)
+    result["factors_agree"] = factors_agree(optimizer, world)
+
+    resumed, resumed_optimizer = build(name, wide=False, sharded=True, proj_type="std")
+    set_model_state_dict(resumed, _loaded_model(resumed, f"{checkpoint}/model"))
+    load_optimizer(resumed, resumed_optimizer, f"{checkpoint}/optimizer")
+    train(resumed, resumed_optimizer, range(SAVE_AT, STEPS), (rank, world))
+    diffs = [(a.to_local() - b.to_local()).abs().max().item() if a.to_local().numel() else 0.0
+             for a, b in zip(model.parameters(), resumed.parameters(), strict=True)]
+    result["resume_max_abs_diff"] = max(gather_json(max(diffs), world))
+    return result
+
+
+def _loaded_model(model, path: str) -> dict:
+    state = get_model_state_dict(model)
+    dcp.load({"model": state}, checkpoint_id=path)
+    return state
+
+
+def factors_agree(optimizer, world: int) -> bool:
+    """Every rank's bases (and PLUMAGE's 1/p) are bit-identical: computed apart, from the same all-reduced Gram."""
+    local = [t for proj in optimizer._projectors.values() for t in [*proj.factors.values(), proj.inv_p] if t is not None]
+    flat = torch.cat([t.reshape(-1) for t in local])
+    gathered = [torch.zeros_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    return all(torch.equal(gathered[0], g) for g in gathered)
+
+
+def gather_json(value, world: int) -> list:
+    gathered = [None] * world
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def run_wide(rank: int, world: int) -> dict:
+    """flora_adamw (a seed-only basis) on a model with a wide weight: std would pick its left side; sharded, it is
+    projected on the right with a warning, and equals one process run with proj_type='right'."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, optimizer = build("flora_adamw", wide=True, sharded=True, proj_type="std")
+        train(model, optimizer, range(STEPS), (rank, world))
+    reference, ref_optimizer = build("flora_adamw", wide=True, sharded=False, proj_type="right")
+    train(reference, ref_optimizer, range(STEPS), None)
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}
+    wide_state = optimizer.state[model.mlp_wide.weight]["exp_avg"]
+    left = [str(w.message) for w in caught if "picks the left side" in str(w.message)]
+    return {
+        "max_abs_diff": max((full[n] - p.detach()).abs().max().item() for n, p in reference.named_parameters()),
+        "left_warnings": left,
+        "wide_state_shape": list(wide_state.shape),
+        "explicit_left_error": _explicit_left_error(),
+    }
+
+
+def _explicit_left_error() -> str:
+    torch.manual_seed(0)
+    model = Tiny().double()
+    fully_shard(model)
+    try:
+        build_optimizer("plumage_adamw", model, rank=RANK, proj_type="left")
+    except ValueError as error:
+        return str(error)
+    return ""
+
+
+def run_degenerate(rank: int, world: int) -> dict:
+    """A rank-2 gradient (rank 8 asked) and then an all-NaN one: no NaN in the weights, ranks still agree."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(24, 37, bias=False))
+    model.double()
+    fully_shard(model)
+    optimizer = build_optimizer("plumage_adamw", model, rank=RANK, update_proj_gap=1, target_modules=("0",))
+    weight = model[0].weight
+    low = torch.randn(37, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    grad = low @ torch.randn(2, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    outcomes = []
+    for g in (grad, torch.full_like(grad, float("nan")), grad):
+        weight.grad = torch.distributed.tensor.distribute_tensor(g, weight.device_mesh, weight.placements)
+        optimizer.step()
+        outcomes.append(bool(torch.isfinite(weight.full_tensor()).all()))
+    stats = optimizer.projector_stats()[0]
+    return {"finite": outcomes, "refreshes": stats["refreshes"], "skipped": stats["skipped_refreshes"],
+            "r_star": stats["r_star"], "factors_agree": factors_agree(optimizer, world)}
+
+
+def main() -> None:
+    out_dir, names = sys.argv[1], sys.argv[2].split(",")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {name: run_optimizer(name, out_dir, rank, world) for name in names}
+    results["wide"] = run_wide(rank, world)
+    results["degenerate"] = run_degenerate(rank, world)
+    results["world"] = world
+    if rank == 0:
+        with open(f"{out_dir}/results.json", "w") as handle:
+            json.dump(results, handle, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
