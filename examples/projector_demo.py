@@ -8,7 +8,8 @@ mapped back, Ĝ = project_back(project(G)), by a fresh projector per draw (seeds
     bias  = ‖mean Ĝ − G‖ / ‖G‖        error = mean ‖Ĝ − G‖² / ‖G‖²
 
 SVD (GaLore) is deterministic and biased; random (FLORA) and PLUMAGE are unbiased, so their bias shrinks
-like 1/√draws, and PLUMAGE's error equals its closed form Σ(1/p − 1)σ² / ‖G‖², the least possible.
+like 1/√draws. Each error meets its closed form (galore_plumage.projectors.diagnostics): the tail energy for
+svd, (d + 1)/k for random, and Σ(1/p − 1)σ² / ‖G‖² for PLUMAGE, the least of any unbiased k-sparse estimator.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 
 import torch
 
-from galore_plumage.projectors import build_projector, inclusion_probabilities
+from galore_plumage.projectors import build_projector
+from galore_plumage.projectors.diagnostics import closed_form_error, monte_carlo
 
 
 def synthetic_gradient(m: int, n: int, decay: float = 0.7, seed: int = 0) -> torch.Tensor:
@@ -28,21 +30,6 @@ def synthetic_gradient(m: int, n: int, decay: float = 0.7, seed: int = 0) -> tor
     k = min(m, n)
     sigma = torch.arange(1, k + 1, dtype=torch.float64).pow(-decay)
     return (u[:, :k] * sigma) @ v[:, :k].T
-
-
-def measure(name: str, grad: torch.Tensor, rank: int, draws: int) -> tuple[float, float]:
-    total = torch.zeros_like(grad)
-    squared_error = 0.0
-    for seed in range(draws if name != "svd" else 1):
-        projector = build_projector(name, rank=rank, seed=seed)
-        projector.refresh(grad, step=0)
-        estimate = projector.project_back(projector.project(grad))
-        total += estimate
-        squared_error += (estimate - grad).square().sum().item()
-    used = draws if name != "svd" else 1
-    norm2 = grad.square().sum().item()
-    bias = ((total / used - grad).norm() / grad.norm()).item()
-    return bias, squared_error / used / norm2
 
 
 def main() -> None:
@@ -59,12 +46,11 @@ def main() -> None:
     print("| rank | projector | bias ‖E Ĝ − G‖/‖G‖ | error E‖Ĝ − G‖²/‖G‖² | closed form |")
     print("|---:|---|---:|---:|---:|")
     for rank in args.ranks:
-        r_star, p = inclusion_probabilities(sigma, rank)
-        closed_form = ((1 / p[p > 0] - 1) * sigma[p > 0].square()).sum().item() / sigma.square().sum().item()
         for name in ("svd", "random", "plumage"):
-            bias, error = measure(name, grad, rank, args.draws)
-            note = f"{closed_form:.4f} (r*={r_star})" if name == "plumage" else ""
-            print(f"| {rank} | {name} | {bias:.4f} | {error:.4f} | {note} |")
+            draws = 1 if name == "svd" else args.draws  # svd is deterministic
+            quality = monte_carlo(lambda seed, n=name, r=rank: build_projector(n, rank=r, seed=seed), grad, draws)
+            closed_form = closed_form_error(name, sigma, rank, min(args.shape))
+            print(f"| {rank} | {name} | {quality.bias:.4f} | {quality.error:.4f} | {closed_form:.4f} |")
     print(f"\n{time.perf_counter() - start:.1f} s")
 
 
