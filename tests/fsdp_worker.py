@@ -221,6 +221,32 @@ def run_degenerate(rank: int, world: int) -> dict:
             "r_star": stats["r_star"], "factors_agree": factors_agree(optimizer, world)}
 
 
+def run_every_name(rank: int, world: int) -> dict:
+    """Every optimizer name except per-layer ones, 4 updates (refreshes at 1 and 4) on the float32 model under
+    fully_shard: "ok" when the weights are finite and moved, else the error."""
+    from galore_plumage.optimizers import list_optimizers, optimizer_spec
+
+    outcome = {}
+    for name in list_optimizers():
+        if optimizer_spec(name).per_layer:
+            continue
+        torch.manual_seed(0)
+        model = Tiny()
+        fully_shard(model)
+        initial = [p.full_tensor().clone() for p in model.parameters()]
+        options = {"lr": 1e-2} if optimizer_spec(name).backend != "adafactor" else {}
+        try:
+            optimizer = build_optimizer(name, model, rank=RANK, update_proj_gap=GAP, **options)
+            train(model, optimizer, range(4), (rank, world))
+            final = [p.full_tensor() for p in model.parameters()]
+            finite = all(bool(torch.isfinite(w).all()) for w in final)
+            moved = min((a - b).abs().max().item() for a, b in zip(final, initial, strict=True))
+            outcome[name] = "ok" if finite and moved > 0 else f"finite={finite} moved={moved}"
+        except Exception as error:  # noqa: BLE001 - reported to the test, which names it
+            outcome[name] = f"{type(error).__name__}: {error}"
+    return outcome
+
+
 def main() -> None:
     out_dir, names = sys.argv[1], sys.argv[2].split(",")
     dist.init_process_group("gloo")
@@ -228,6 +254,7 @@ def main() -> None:
     results = {name: run_optimizer(name, out_dir, rank, world) for name in names}
     results["wide"] = run_wide(rank, world)
     results["degenerate"] = run_degenerate(rank, world)
+    results["every_name"] = run_every_name(rank, world)
     results["world"] = world
     if rank == 0:
         with open(f"{out_dir}/results.json", "w") as handle:

@@ -126,3 +126,11 @@ def test_gram_noise_floor_zeroes_rounding_directions():
     _, raw = eigh_gram(gram, torch.float32)
     assert torch.isfinite(raw).all() and raw[3:].max() > 1e-5 * raw[0]  # what the floor removes
     assert raw[3:].max() < math.sqrt(20 * torch.finfo(torch.float32).eps) * raw[0]
+
+
+def test_every_optimizer_name_steps_sharded_weights(results):
+    """Each non-per-layer optimizer name (full-rank, galore_, plumage_, flora_ for the four backends, and the
+    aliases) trains the fully_shard model for 4 updates: finite weights that moved."""
+    outcome = results["every_name"]
+    assert len(outcome) >= 16
+    assert {name: o for name, o in outcome.items() if o != "ok"} == {}

@@ -38,6 +38,9 @@ def set_rng_state(state: dict) -> None:
 
 def _fsync_tree(folder: Path) -> None:
     for path in folder.iterdir():
+        if path.is_dir():  # a sharded (DCP) checkpoint keeps its shards in a subfolder
+            _fsync_tree(path)
+            continue
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())
 
@@ -46,7 +49,6 @@ def save_checkpoint(save_dir: str | Path, step: int, model, trainer_state: dict,
     """Write model_<step> atomically and point `latest` at it; returns the folder."""
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
-    final = save_dir / f"model_{step}"
     temp = save_dir / f".model_{step}.tmp-{os.getpid()}"
     if temp.exists():
         shutil.rmtree(temp)
@@ -56,6 +58,12 @@ def save_checkpoint(save_dir: str | Path, step: int, model, trainer_state: dict,
     model.save_pretrained(temp, safe_serialization=True)
     torch.save(trainer_state, temp / TRAINER_FILE)
     (temp / "training_state.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return publish(save_dir, temp, step)
+
+
+def publish(save_dir: Path, temp: Path, step: int) -> Path:
+    """Sync the finished folder `temp`, rename it to model_<step> and point `latest` at it; returns the folder."""
+    final = save_dir / f"model_{step}"
     _fsync_tree(temp)
     if final.exists():  # same step saved again: move the old one aside first, drop it only after the swap
         old = save_dir / f".model_{step}.old-{os.getpid()}"

@@ -93,6 +93,9 @@ class TrainConfig:
                                "of --num_training_steps; resume later with --continue_from")
     seed: int = _flag(0, "seeds the model init, data order and projections")
     single_gpu: bool = _flag(False, "one process without DistributedDataParallel")
+    fsdp: bool = _flag(False, "shard the model over the processes with FSDP2 (fully_shard on each decoder layer and the "
+                              "model) instead of DDP; optimizer state is sharded too, checkpoints are written with "
+                              "torch.distributed.checkpoint (resume at the same number of processes)")
     name: str = _flag("test", "run name, recorded in the metrics")
     tags: str = _flag(None, "comma-separated tags, recorded in the metrics")
     proj_quant: bool = _flag(False, "accepted for GaLore compatibility; quantized projections are not implemented "
@@ -149,6 +152,13 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     if c.single_gpu and world_size > 1:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
     per_layer = optimizer_spec(c.optimizer).per_layer
+    if c.fsdp and c.single_gpu:
+        raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
+                         "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")
+    if c.fsdp and per_layer:
+        raise ValueError(f"--optimizer {c.optimizer} steps each weight inside its gradient hook, before FSDP2 has "
+                         f"reduce-scattered that gradient: drop '_per_layer' (use {c.optimizer.removesuffix('_per_layer')}) "
+                         "or drop --fsdp")
     if per_layer:
         try:  # the optimizer would refuse it too, but only after the data and model are built
             LayerwiseOptimizer.refuse_clipping(c.grad_clipping)

@@ -7,8 +7,14 @@ shard-local and a refresh all-reduces one n × n Gram matrix, so the full gradie
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import socket
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -18,6 +24,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import fully_shard
+
+from .checkpoint import TRAINER_FILE, publish
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -36,6 +44,12 @@ def _inner(optimizer):
     return getattr(optimizer, "optimizer", optimizer)
 
 
+def _prepare(optimizer) -> None:
+    """DCP loads into a template (get_optimizer_state_dict of this optimizer): every key must exist, with its shape."""
+    if getattr(optimizer, "_sharding", None) is not None:
+        optimizer._sharding.prepare_for_load()
+
+
 def save_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
     """Write the optimizer state as a DCP checkpoint: sharded moments by rows, bases and scalars once."""
     dcp.save({"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}, checkpoint_id=str(path))
@@ -44,8 +58,7 @@ def save_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
 def load_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
     """Read a checkpoint written by save_optimizer into `optimizer` (a fresh one is fine), at the same world size."""
     inner = _inner(optimizer)
-    if getattr(inner, "_sharding", None) is not None:
-        inner._sharding.prepare_for_load()  # DCP loads into a template: every key must exist with its shape
+    _prepare(inner)
     state = {"optimizer": get_optimizer_state_dict(model, inner)}
     dcp.load(state, checkpoint_id=str(path))
     set_optimizer_state_dict(model, inner, state["optimizer"])
@@ -59,3 +72,60 @@ def load_model(model: nn.Module, path: str | Path) -> None:
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(model, state["model"])
+
+
+# ----------------------------------------------------------------- torchrun_main.py --fsdp
+DCP_FOLDER = "dcp"  # inside model_<step>/: model and optimizer, one file per rank
+
+
+def ensure_process_group(context) -> None:
+    """fully_shard needs a process group even for one process (plain `python`, or torchrun with one rank)."""
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    dist.init_process_group(backend="nccl" if context.device.type == "cuda" else "gloo", rank=context.rank,
+                            world_size=context.world_size)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def save_sharded_checkpoint(save_dir: str | Path, step: int, model: nn.Module, optimizer, trainer_state: dict,
+                            summary: dict, is_main: bool) -> Path:
+    """model_<step>/ with dcp/ (model and optimizer, each rank its shards), trainer.pt and config.json from rank 0;
+    written to a temp folder every rank shares and renamed into place once complete, as checkpoint.py does."""
+    save_dir = Path(save_dir)
+    temp = save_dir / f".model_{step}.tmp-fsdp"
+    if is_main:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        if temp.exists():
+            shutil.rmtree(temp)
+    dist.barrier()
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, _inner(optimizer))}
+    dcp.save(state, checkpoint_id=str(temp / DCP_FOLDER))
+    final = save_dir / f"model_{step}"
+    if is_main:
+        torch.save(trainer_state, temp / TRAINER_FILE)
+        model.config.to_json_file(temp / "config.json")
+        (temp / "training_state.json").write_text(json.dumps(summary, indent=2) + "\n")
+        final = publish(save_dir, temp, step)
+    dist.barrier()
+    return final
+
+
+def load_sharded_checkpoint(folder: Path, model: nn.Module, optimizer) -> dict:
+    """Load model and optimizer shards written by save_sharded_checkpoint; returns the trainer state."""
+    if not (folder / DCP_FOLDER).is_dir():
+        raise FileNotFoundError(f"--continue_from {str(folder)!r} holds no '{DCP_FOLDER}' folder: it was not written "
+                                "with --fsdp; resume it without --fsdp")
+    inner = _inner(optimizer)
+    _prepare(inner)
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, inner)}
+    dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, inner, state["optimizer"])
+    return torch.load(folder / TRAINER_FILE, map_location="cpu", weights_only=True)

@@ -17,6 +17,7 @@ from dataclasses import asdict
 
 import numpy as np
 import torch
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..optimizers import build_optimizer, describe_routing, optimizer_spec
@@ -24,6 +25,7 @@ from . import data as data_lib
 from .checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import TrainConfig
 from .distributed import Dist, all_reduce_sum, barrier, gather_floats
+from .fsdp import ensure_process_group, load_sharded_checkpoint, save_sharded_checkpoint, shard_model
 from .metrics import MetricsLog, Progress, projector_records
 from .model import build_model, load_model_config
 from .schedule import build_scheduler
@@ -145,6 +147,9 @@ def train(config: TrainConfig, context: Dist) -> dict:
     model_config = load_model_config(config.model_config, len(tokenizer), tokenizer.eos_token_id)
     dtype = DTYPES[config.dtype]
     model = build_model(model_config, dtype, context.device, config.seed, config.activation_checkpointing)
+    if config.fsdp:  # before the optimizer is built: it must hold the sharded (DTensor) parameters
+        ensure_process_group(context)
+        shard_model(model)
 
     optimizer = build_optimizer(
         config.optimizer, model, rank=config.rank, update_proj_gap=config.update_proj_gap, scale=config.galore_scale,
@@ -159,8 +164,11 @@ def train(config: TrainConfig, context: Dist) -> dict:
     update_step, tokens_seen = 0, 0
     if config.continue_from is not None:
         folder = resolve_checkpoint(config.continue_from)
-        state = load_checkpoint(folder, model)
-        optimizer.load_state_dict(state["optimizer"])
+        if config.fsdp:
+            state = load_sharded_checkpoint(folder, model, optimizer)
+        else:
+            state = load_checkpoint(folder, model)
+            optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         batches.load_state_dict(state["data"])
         set_rng_state(state["rng"])
@@ -178,7 +186,7 @@ def train(config: TrainConfig, context: Dist) -> dict:
         log.write("config", step=update_step, **{k: v for k, v in asdict(config).items()})
 
     ddp_model = model
-    if context.active:
+    if context.active and not config.fsdp:
         ddp_model = DistributedDataParallel(model, device_ids=[context.local_rank] if context.device.type == "cuda"
                                             else None)
 
@@ -191,6 +199,14 @@ def train(config: TrainConfig, context: Dist) -> dict:
     accumulation = config.gradient_accumulation
 
     def checkpoint(step: int) -> None:
+        if config.fsdp:  # every rank writes its own shards
+            trainer_state = {"scheduler": scheduler.state_dict(), "data": batches.state_dict(), "rng": rng_state(),
+                             "update_step": step, "tokens_seen": tokens_seen}
+            folder = save_sharded_checkpoint(config.save_dir, step, model, optimizer, trainer_state,
+                                             {"update_step": step, "tokens_seen": tokens_seen,
+                                              "optimizer": config.optimizer}, main)
+            progress.write(f"saved {folder}")
+            return
         if main:
             trainer_state = {
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "data": batches.state_dict(),
@@ -218,8 +234,10 @@ def train(config: TrainConfig, context: Dist) -> dict:
         for micro in range(accumulation):
             batch = batches.next().to(context.device)
             last_micro = micro == accumulation - 1
-            # only all-reduce gradients at the last micro-step of an update
-            sync = contextlib.nullcontext() if last_micro or not context.active else ddp_model.no_sync()
+            # only all-reduce (FSDP2: reduce-scatter) gradients at the last micro-step of an update
+            sync = contextlib.nullcontext() if last_micro or not context.active or config.fsdp else ddp_model.no_sync()
+            if config.fsdp:
+                model.set_requires_gradient_sync(last_micro)
             with sync:
                 with autocast():
                     loss = ddp_model(input_ids=batch, labels=batch).loss
@@ -280,6 +298,8 @@ def weight_fingerprint(model) -> float:
     """One float64 that changes with any weight: Σ_tensors Σ_i w_i·cos(i + k) — cheap, with no full copy."""
     total, chunk = 0.0, 1 << 22  # chunked so a 7B embedding never needs a float64 copy of itself
     for k, param in enumerate(model.parameters()):
+        if isinstance(param, DTensor):  # FSDP2: every rank fingerprints the whole weight, not its shard
+            param = param.full_tensor()
         flat = param.detach().reshape(-1)
         for start in range(0, flat.numel(), chunk):
             piece = flat[start : start + chunk].double()

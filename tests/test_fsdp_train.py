@@ -1,0 +1,104 @@
+"""torchrun_main.py --fsdp under `torchrun --standalone --nproc_per_node 2` on CPU (gloo), offline.
+
+FSDP2 training must be the single-process run in disguise (same total batch, flora_adamw as in
+test_train_distributed.py: a seed-only basis, so the runs differ only in the order of the gradient sum; proj_type
+right, because sharded weights are always projected on the right and std would pick the left side of the 64 x 172
+down_proj on one process), and a run
+stopped at update 2 and resumed from its DCP checkpoint must end with the very same weights as the run that never
+stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from train_helpers import DIST_VARS, MODEL_CONFIG, REPO, read_metrics, write_corpus
+
+import torchrun_main
+from galore_plumage.training import parse_config
+
+TIMEOUT_S = 180
+UPDATES = 4
+OPTIMIZER = "flora_adamw"
+
+
+def torchrun(args: list[str]) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith("TORCHELASTIC_")}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "torchrun_main.py",
+               *args]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-6000:]}"
+    return done
+
+
+def sharded_weights(checkpoint) -> dict[str, torch.Tensor]:
+    """The full weights of an --fsdp checkpoint (its dcp/ folder gathered into one state dict, no process group)."""
+    target = checkpoint / "gathered.pt"
+    dcp_to_torch_save(checkpoint / "dcp", target)
+    return torch.load(target, weights_only=False)["model"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fsdp_train")
+    dataset = write_corpus(root / "corpus.txt")
+    flags = ["--dataset", str(dataset), "--vocab_size", "256", "--max_length", "32", "--model_config", MODEL_CONFIG,
+             "--data_dir", str(root / "data"), "--no-progress", "--rank", "8", "--update_proj_gap", "2",
+             "--eval_tokens", "256", "--warmup_steps", "0", "--num_training_steps", str(UPDATES), "--lr", "3e-3",
+             "--optimizer", OPTIMIZER, "--batch_size", "2", "--proj_type", "right"]
+    single = root / "single"
+    with pytest.MonkeyPatch.context() as patch:  # in process; also trains the tokenizer the 2-rank jobs then read
+        for var in DIST_VARS:
+            patch.delenv(var, raising=False)
+        assert torchrun_main.main(flags + ["--gradient_accumulation", "4", "--save_dir", str(single)]) == 0
+    sharded = ["--fsdp", "--gradient_accumulation", "2"]
+    whole, resumed = root / "fsdp", root / "fsdp-resumed"
+    output = torchrun(flags + sharded + ["--save_dir", str(whole)]).stdout
+    torchrun(flags + sharded + ["--save_dir", str(resumed), "--stop_at", "2"])
+    resume_output = torchrun(flags + sharded + ["--save_dir", str(resumed), "--continue_from", str(resumed)]).stdout
+    return {"single": single, "fsdp": whole, "resumed": resumed, "output": output, "resume_output": resume_output}
+
+
+def test_fsdp_equals_one_process_with_the_same_total_batch(runs):
+    """2 ranks x batch 2 x accumulation 2 under FSDP2 vs 1 process x batch 2 x accumulation 4: the same sequences per
+    update, so losses and final weights agree to float rounding; both ranks end with the same full weights."""
+    fsdp, single = read_metrics(runs["fsdp"]), read_metrics(runs["single"])
+    assert "2 process(es) on cpu" in runs["output"]
+    assert [r["loss"] for r in fsdp["train"]] == pytest.approx([r["loss"] for r in single["train"]], rel=1e-5)
+    fingerprints = fsdp["summary"][0]["rank_fingerprints"]
+    assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
+    assert all(r["refreshes"] == 2 for r in fsdp["projector"])
+    a = sharded_weights(runs["fsdp"] / f"model_{UPDATES}")
+    b = load_file(runs["single"] / f"model_{UPDATES}" / "model.safetensors")
+    assert set(a) == set(b)
+    for key in b:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def test_fsdp_resume_from_a_sharded_checkpoint_is_exact(runs):
+    """--stop_at 2 writes model_2/ (dcp/ with every rank's shards of model and optimizer, trainer.pt); --continue_from
+    it runs updates 3-4 (a refresh at 3) to the same losses and bit-identical weights as the uninterrupted run."""
+    assert (runs["resumed"] / "model_2" / "dcp").is_dir() and (runs["resumed"] / "model_2" / "trainer.pt").is_file()
+    assert "resumed from" in runs["resume_output"] and "at update 2" in runs["resume_output"]
+    whole, resumed = read_metrics(runs["fsdp"]), read_metrics(runs["resumed"])
+    assert [r["loss"] for r in resumed["train"]] == [r["loss"] for r in whole["train"]]
+    a = sharded_weights(runs["fsdp"] / f"model_{UPDATES}")
+    b = sharded_weights(runs["resumed"] / f"model_{UPDATES}")
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--optimizer", "plumage_adamw_per_layer"], "before FSDP2 has reduce-scattered that gradient"),
+    (["--single_gpu"], "--fsdp shards the model over the launched processes"),
+])
+def test_fsdp_refuses_what_cannot_work(extra, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config(["--fsdp", "--model_config", MODEL_CONFIG, *extra])
