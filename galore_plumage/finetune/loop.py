@@ -1,0 +1,179 @@
+"""The fine-tuning run behind run_glue.py: task, model, optimizer, epochs of training and validation, summary.
+
+Per epoch, metrics.jsonl gets the mean training loss and the validation accuracy; at the end one
+`final` record: terminal train loss (the mean over the last epoch), best validation accuracy,
+optimizer-state bytes, trainable parameters and wall time, also printed as a table.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ..optimizers import build_optimizer, describe_routing
+from ..training.metrics import MetricsLog, Progress, projector_records
+from .config import FinetuneConfig
+from .model import apply_lora, load_classifier, target_modules
+from .tasks import Split, load_task
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def optimizer_state_bytes(optimizer) -> int:
+    """Bytes of the tensors held in the optimizer's state — moments, and the projector's saved basis and
+    probabilities (nested dicts) — each storage counted once."""
+    storages: dict[int, int] = {}
+
+    def visit(value) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    for state in getattr(optimizer, "optimizer", optimizer).state.values():  # per-layer mode wraps the optimizer
+        visit(state)
+    return sum(storages.values())
+
+
+def build_model_and_optimizer(config: FinetuneConfig, num_labels: int, label_names=None):
+    """(model, tokenizer, optimizer): GaLore's routing for low-rank names, peft adapters for --peft lora."""
+    model, tokenizer = load_classifier(config.model_name_or_path, num_labels, label_names)
+    targets = target_modules(model, config.lora_all_modules)
+    if config.peft == "lora":
+        model = apply_lora(model, targets, config.lora_r, config.lora_alpha, config.lora_dropout)
+    optimizer = build_optimizer(
+        config.optimizer, model, lr=config.learning_rate, rank=config.lora_r, target_modules=targets,
+        update_proj_gap=config.update_proj_gap, scale=config.galore_scale, proj_type=config.proj_type,
+        projector=config.projector, realign=config.realign, weight_decay=config.weight_decay, seed=config.seed,
+    )
+    return model, tokenizer, optimizer
+
+
+def batches(split: Split, tokenizer, max_length: int, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
+    """Tokenized once; each batch padded to its longest example. Shuffling uses its own generator (seeded)."""
+    from transformers import DataCollatorWithPadding
+
+    columns = list(zip(*split.texts, strict=True))
+    encoded = tokenizer(*columns, truncation=True, max_length=max_length)
+    rows = [{**{key: values[i] for key, values in encoded.items()}, "labels": label} for i, label in enumerate(split.labels)]
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, generator=generator,
+                      collate_fn=DataCollatorWithPadding(tokenizer))
+
+
+@torch.no_grad()
+def accuracy(model, loader: DataLoader) -> float:
+    model.eval()
+    correct = total = 0
+    for batch in loader:
+        labels = batch.pop("labels")
+        predictions = model(**batch).logits.argmax(dim=-1)
+        correct += int((predictions == labels).sum())
+        total += labels.numel()
+    model.train()
+    return correct / total
+
+
+def finetune(config: FinetuneConfig) -> dict:
+    """Run the whole job; returns the final summary (also the last line of metrics.jsonl)."""
+    return run(config)[1]
+
+
+def run(config: FinetuneConfig):
+    """(the trained model, the final summary)."""
+    from transformers import get_scheduler
+
+    output_dir = Path(config.output_dir)
+    if (output_dir / "metrics.jsonl").exists():
+        raise FileExistsError(f"{output_dir / 'metrics.jsonl'} exists: pick another --output_dir or delete that folder")
+    start = time.perf_counter()
+    task = load_task(config.task_name, config.data_dir, config.max_train_samples, config.max_eval_samples)
+    seed_everything(config.seed)
+    model, tokenizer, optimizer = build_model_and_optimizer(config, task.num_labels, task.label_names)
+    routing = describe_routing(optimizer.routing, config.lora_r if config.peft == "none" else None)
+    train_loader = batches(task.train, tokenizer, config.max_length, config.per_device_train_batch_size, True, config.seed)
+    eval_loader = batches(task.validation, tokenizer, config.max_length, config.per_device_eval_batch_size, False, 0)
+    total_steps = len(train_loader) * config.num_train_epochs
+    if config.max_train_steps is not None:
+        total_steps = min(total_steps, config.max_train_steps)
+    inner = getattr(optimizer, "optimizer", optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
+    scheduler = get_scheduler(config.lr_scheduler_type, inner, config.num_warmup_steps, total_steps)
+
+    log = MetricsLog(output_dir, enabled=True)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.write("config", **asdict(config), trainable_parameters=trainable, train_examples=len(task.train.labels),
+              eval_examples=len(task.validation.labels))
+    progress = Progress(total_steps, 0, config.progress)
+    progress.write(routing.splitlines()[0] + f"; {trainable:,} trainable parameters")
+    model.train()
+    step, epoch_losses, accuracies = 0, [], []
+    for epoch in range(1, config.num_train_epochs + 1):
+        losses = []
+        for batch in train_loader:
+            loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            with warnings.catch_warnings():
+                # per-layer weights step in their hooks, never through inner.step(), whose call LambdaLR looks for
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            losses.append(loss.item())
+            lr = scheduler.get_last_lr()[-1]
+            log.write("train", step=step, epoch=epoch, loss=losses[-1], lr=lr)
+            progress.update(losses[-1], lr, int(batch["attention_mask"].sum()))
+            if step >= total_steps:
+                break
+        epoch_losses.append(sum(losses) / len(losses))
+        accuracies.append(accuracy(model, eval_loader))
+        log.write("epoch", epoch=epoch, step=step, train_loss=epoch_losses[-1], eval_accuracy=accuracies[-1])
+        progress.write(f"epoch {epoch}: train loss {epoch_losses[-1]:.4f}, validation accuracy {accuracies[-1]:.4f}")
+        if step >= total_steps:
+            break
+    progress.close()
+
+    names = {i: n for i, n in enumerate(_names_in_group_order(inner, model))}
+    for record in projector_records(optimizer, names):
+        log.write("projector", step=step, **record)
+    summary = {
+        "method": config.method, "optimizer": config.optimizer, "seed": config.seed, "epochs": len(epoch_losses),
+        "steps": step, "terminal_train_loss": epoch_losses[-1], "best_accuracy": max(accuracies),
+        "final_accuracy": accuracies[-1], "optimizer_state_bytes": optimizer_state_bytes(optimizer),
+        "trainable_parameters": trainable, "wall_time_s": time.perf_counter() - start,
+    }
+    log.write("final", **summary)
+    if config.progress:
+        print(summary_table([summary]))
+    return model, summary
+
+
+def _names_in_group_order(optimizer, model) -> list[str]:
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def summary_table(summaries: list[dict]) -> str:
+    """A markdown table: one row per run."""
+    lines = ["| method | seed | terminal train loss | best accuracy | optimizer state | wall time |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for s in summaries:
+        lines.append(f"| {s['method']} | {s['seed']} | {s['terminal_train_loss']:.4f} | {s['best_accuracy']:.4f} | "
+                     f"{s['optimizer_state_bytes'] / 2**20:.2f} MiB | {s['wall_time_s']:.0f} s |")
+    return "\n".join(lines)
