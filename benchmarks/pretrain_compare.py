@@ -1,0 +1,181 @@
+"""Small-scale replication of the paper's pretraining comparisons: every optimizer on one lr schedule, several seeds.
+
+    python benchmarks/pretrain_compare.py                    # both tables, seeds 0,1: docs/pretrain_compare.md + figures
+    python benchmarks/pretrain_compare.py --table sgdm       # only the SGD-momentum study
+    python benchmarks/pretrain_compare.py --report-only      # redraw from the runs already under runs/pretrain_compare/
+    OMP_NUM_THREADS=1 python benchmarks/pretrain_compare.py --jobs 2   # two single-threaded runs at a time
+
+Each arm is one torchrun_main.py run of llama_tiny on the bundled corpus. All arms of a table share the model,
+data order (per seed), lr, warmup and cosine schedule, rank, refresh interval and the projected-back scale (1.0:
+GaLore's published lr 1e-2 with scale 0.25 is the same step as lr 2.5e-3 with scale 1, which is the default lr here,
+and the non-projected weights then get the same lr in every arm). The main table reports the final eval loss (mean
+and half-range over seeds) and the gap closure (L_galore - L) / (L_galore - L_adamw): the share of GaLore's loss gap
+to full-rank AdamW that an arm closes (the paper reports 33 % on average for PLUMAGE). The SGD-momentum table is the
+paper's debiasing study: without a second moment the bias of a top-r projection shows most plainly.
+
+A finished run is reused when its recorded command is unchanged, so an interrupted table resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from plot_runs import load_run, plot_losses  # noqa: E402
+
+# label -> (optimizer name, extra flags). Adafactor gets beta1 0.9 so it has a first moment to realign like the others.
+MAIN = {
+    "adamw": ("adamw", []),
+    "galore_adamw": ("galore_adamw", []),
+    "plumage_adamw realign=none": ("plumage_adamw", ["--realign", "none"]),
+    "plumage_adamw realign=m": ("plumage_adamw", ["--realign", "m"]),
+    "plumage_adamw realign=mv": ("plumage_adamw", []),
+    "plumage_adamw realign=mv adaptive": ("plumage_adamw", ["--adaptive_interval"]),
+    "flora_adamw": ("flora_adamw", []),
+    "galore_adamw8bit": ("galore_adamw8bit", []),
+    "plumage_adamw8bit": ("plumage_adamw8bit", []),
+    "galore_adafactor": ("galore_adafactor", ["--beta1", "0.9"]),
+    "plumage_adafactor": ("plumage_adafactor", ["--beta1", "0.9"]),
+}
+SGDM = {  # --beta1 is SGD's momentum in GaLore's script
+    "sgdm": ("sgdm", ["--beta1", "0.9"]),
+    "galore_sgdm": ("galore_sgdm", ["--beta1", "0.9"]),
+    "plumage_sgdm realign=m": ("plumage_sgdm", ["--beta1", "0.9"]),
+}
+TABLES = {"main": MAIN, "sgdm": SGDM}
+# closure of which arm is measured against which GaLore arm (same backend) and the full-rank AdamW reference
+GALORE_OF = {"adamw": "galore_adamw", "adamw8bit": "galore_adamw8bit", "adafactor": "galore_adafactor",
+             "sgdm": "galore_sgdm"}
+FULL_RANK_OF = {"adamw": "adamw", "adamw8bit": "adamw", "adafactor": "adamw", "sgdm": "sgdm"}
+
+
+def command_for(optimizer: str, extra: list[str], seed: int, lr: float, args, save_dir: Path) -> list[str]:
+    return [
+        sys.executable, str(ROOT / "torchrun_main.py"), "--optimizer", optimizer, *extra,
+        "--model_config", args.model_config, "--lr", str(lr), "--galore_scale", "1.0",
+        "--batch_size", str(args.batch_size), "--max_length", str(args.max_length),
+        "--num_training_steps", str(args.steps), "--warmup_steps", str(max(1, args.steps // 10)),
+        "--eval_every", str(max(1, args.steps // 4)), "--save_every", str(args.steps), "--rank", str(args.rank),
+        "--update_proj_gap", str(args.update_proj_gap), "--seed", str(seed), "--eval_tokens", str(args.eval_tokens),
+        "--save_dir", str(save_dir), "--no-progress",
+    ]
+
+
+def run_dir(label: str, seed: int) -> Path:
+    return ROOT / "runs" / "pretrain_compare" / label.replace(" ", "_").replace("=", "-") / f"seed{seed}"
+
+
+def ensure_run(label: str, optimizer: str, extra: list[str], seed: int, lr: float, args) -> dict:
+    """Run one arm for one seed (unless the same command already finished) and return its summary record."""
+    save_dir = run_dir(label, seed)
+    command = command_for(optimizer, extra, seed, lr, args, save_dir)
+    recorded = save_dir / "command.json"
+    if recorded.exists() and json.loads(recorded.read_text()) == command[1:] and _summary(save_dir):
+        return _summary(save_dir)
+    if args.report_only:
+        raise SystemExit(f"pretrain_compare.py: no finished run of {label!r} seed {seed} with this command in {save_dir}")
+    save_dir.mkdir(parents=True, exist_ok=True)
+    (save_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh curve, not appended to an older run's
+    print(f"== {label} seed {seed}", flush=True)
+    subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    print(f"== {label} seed {seed} done", flush=True)
+    recorded.write_text(json.dumps(command[1:]))
+    return _summary(save_dir)
+
+
+def _summary(save_dir: Path) -> dict | None:
+    if not (save_dir / "metrics.jsonl").exists():
+        return None
+    return next((r for r in load_run(save_dir)[1] if r["type"] == "summary"), None)
+
+
+def gap_closure(galore: float, arm: float, full_rank: float) -> float:
+    """(L_galore - L_arm) / (L_galore - L_full): 0 = no better than GaLore, 1 = as good as full rank."""
+    return (galore - arm) / (galore - full_rank)
+
+
+def mean_spread(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.4f} ± {(max(values) - min(values)) / 2:.4f}"
+
+
+def report(name: str, arms: dict, losses: dict[str, list[float]], lr: float, args) -> str:
+    seeds = args.seeds
+    lines = [f"### {'Main comparison' if name == 'main' else 'SGD-momentum study'} (lr {lr})", "",
+             f"| arm | flags | {' | '.join(f'seed {s}' for s in seeds)} | eval loss mean ± half-range | ppl of mean | "
+             "gap closure (of means) | gap closure per seed |",
+             "|---|---|" + "---:|" * (len(seeds) + 4)]
+    for label, (optimizer, extra) in arms.items():
+        backend = optimizer.split("_", 1)[-1] if "_" in optimizer else optimizer
+        galore, full = GALORE_OF.get(backend), FULL_RANK_OF.get(backend)
+        closure, per_seed = "", ""
+        if label not in (galore, full) and galore in losses and full in losses:
+            mean = statistics.fmean
+            closure = f"{100 * gap_closure(mean(losses[galore]), mean(losses[label]), mean(losses[full])):+.0f} %"
+            per_seed = ", ".join(f"{100 * gap_closure(g, a, f):+.0f} %"
+                                 for g, a, f in zip(losses[galore], losses[label], losses[full], strict=True))
+        cells = " | ".join(f"{v:.4f}" for v in losses[label])
+        ppl = 2.718281828459045 ** statistics.fmean(losses[label])
+        lines.append(f"| {label} | `{' '.join([optimizer, *extra])}` | {cells} | {mean_spread(losses[label])} | "
+                     f"{ppl:.1f} | {closure} | {per_seed} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--table", choices=["main", "sgdm", "all"], default="all")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
+    parser.add_argument("--model_config", default="configs/llama_tiny.json")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--rank", type=int, default=64)
+    parser.add_argument("--update_proj_gap", type=int, default=40)
+    parser.add_argument("--lr", type=float, default=2.5e-3, help="peak lr of every arm of the main table")
+    parser.add_argument("--sgdm_lr", type=float, default=0.1, help="peak lr of every arm of the SGD-momentum table")
+    parser.add_argument("--eval_tokens", type=int, default=50_000)
+    parser.add_argument("--out", default="docs", help="where pretrain_compare.md and the figures go")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (set OMP_NUM_THREADS so they share the CPU)")
+    parser.add_argument("--report-only", action="store_true", help="only redraw from finished runs")
+    args = parser.parse_args()
+    if len(args.seeds) < 1 or args.steps < 1 or args.jobs < 1:
+        parser.error(f"need at least one seed, step and job; got seeds {args.seeds}, steps {args.steps}, jobs {args.jobs}")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = ROOT / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for name in (["main", "sgdm"] if args.table == "all" else [args.table]):
+        arms, lr = TABLES[name], (args.lr if name == "main" else args.sgdm_lr)
+        jobs = [(label, opt, extra, seed) for label, (opt, extra) in arms.items() for seed in args.seeds]
+        with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process; threads only wait on them
+            summaries = list(pool.map(lambda job, lr=lr: ensure_run(*job, lr, args), jobs))
+        losses = {label: [] for label in arms}
+        for (label, *_), summary in zip(jobs, summaries, strict=True):
+            losses[label].append(summary["eval_loss"])
+        sections.append(report(name, arms, losses, lr, args))
+        curves = [(label, load_run(run_dir(label, args.seeds[0]))[1]) for label in arms
+                  if name == "sgdm" or label in ("adamw", "galore_adamw", "plumage_adamw realign=mv", "flora_adamw",
+                                                 "plumage_adamw realign=mv adaptive")]
+        plot_losses(curves, out / f"pretrain_{name}_loss.png", log_scale=name == "sgdm", window=10)
+    flags = " ".join(f"--{k} {v}" for k, v in [("steps", args.steps), ("batch_size", args.batch_size),
+                                                ("max_length", args.max_length), ("rank", args.rank),
+                                                ("update_proj_gap", args.update_proj_gap), ("lr", args.lr),
+                                                ("sgdm_lr", args.sgdm_lr), ("eval_tokens", args.eval_tokens),
+                                                ("seeds", ",".join(map(str, args.seeds)))])
+    text = (f"# Pretraining comparison ({Path(args.model_config).stem}, bundled corpus)\n\n"
+            f"Command: `python benchmarks/pretrain_compare.py --table {args.table} {flags}`\n\n" + "\n".join(sections))
+    (out / f"pretrain_compare{'' if args.table == 'all' else '_' + args.table}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
