@@ -186,16 +186,18 @@ def run_wide(rank: int, world: int) -> dict:
         "max_abs_diff": max((full[n] - p.detach()).abs().max().item() for n, p in reference.named_parameters()),
         "left_warnings": left,
         "wide_state_shape": list(wide_state.shape),
-        "explicit_left_error": _explicit_left_error(),
+        "explicit_left_error": _refusal(proj_type="left"),
+        "tucker_error": _refusal(projector="tucker"),
     }
 
 
-def _explicit_left_error() -> str:
+def _refusal(**options) -> str:
+    """The ValueError message of building plumage_adamw with `options` over sharded weights ("" if none)."""
     torch.manual_seed(0)
     model = Tiny().double()
     fully_shard(model)
     try:
-        build_optimizer("plumage_adamw", model, rank=RANK, proj_type="left")
+        build_optimizer("plumage_adamw", model, rank=RANK, **options)
     except ValueError as error:
         return str(error)
     return ""

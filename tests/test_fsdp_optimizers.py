@@ -98,9 +98,12 @@ def test_left_side_is_moved_right_with_a_warning(results):
     assert wide["max_abs_diff"] <= 1e-12
 
 
-def test_explicit_left_projection_is_refused(results):
+def test_what_cannot_run_on_shards_is_refused_at_construction(results):
+    """An explicit left projection needs G Gᵀ over all shards; Tucker's factors need the full gradient."""
     message = results["wide"]["explicit_left_error"]
     assert "proj_type='left'" in message and "'right'" in message
+    message = results["wide"]["tucker_error"]
+    assert "projector 'tucker' cannot refresh from sharded gradients" in message
 
 
 def test_rank_deficient_and_non_finite_gradients(results):
