@@ -11,6 +11,11 @@ Two processes on one CPU machine (gloo) or one node with GPUs (nccl):
     torchrun --standalone --nproc_per_node 2 torchrun_main.py --model_config configs/llama_micro.json \
         --optimizer plumage_adamw --batch_size 4 --total_batch_size 16 --num_training_steps 100 --warmup_steps 10
 
+The same, sharded with FSDP2 (fully_shard; optimizer state sharded too, DCP checkpoints; nccl on GPUs):
+
+    torchrun --standalone --nproc_per_node 2 torchrun_main.py --model_config configs/llama_micro.json \
+        --optimizer plumage_adamw --batch_size 4 --total_batch_size 16 --num_training_steps 100 --warmup_steps 10 --fsdp
+
 C4 as in GaLore (needs the hub; T5 tokenizer), e.g. the 60M recipe on one GPU:
 
     torchrun --standalone --nproc_per_node 1 torchrun_main.py --model_config configs/llama_60m.json \

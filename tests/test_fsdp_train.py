@@ -63,7 +63,8 @@ def runs(tmp_path_factory):
     output = torchrun(flags + sharded + ["--save_dir", str(whole)]).stdout
     torchrun(flags + sharded + ["--save_dir", str(resumed), "--stop_at", "2"])
     resume_output = torchrun(flags + sharded + ["--save_dir", str(resumed), "--continue_from", str(resumed)]).stdout
-    return {"single": single, "fsdp": whole, "resumed": resumed, "output": output, "resume_output": resume_output}
+    return {"single": single, "fsdp": whole, "resumed": resumed, "output": output, "resume_output": resume_output,
+            "flags": flags}
 
 
 def test_fsdp_equals_one_process_with_the_same_total_batch(runs):
@@ -102,3 +103,12 @@ def test_fsdp_resume_from_a_sharded_checkpoint_is_exact(runs):
 def test_fsdp_refuses_what_cannot_work(extra, message):
     with pytest.raises(ValueError, match=message):
         parse_config(["--fsdp", "--model_config", MODEL_CONFIG, *extra])
+
+
+def test_a_sharded_checkpoint_resumed_without_fsdp_says_so(runs, capsys, monkeypatch):
+    for var in DIST_VARS:
+        monkeypatch.delenv(var, raising=False)
+    code = torchrun_main.main(runs["flags"] + ["--gradient_accumulation", "4", "--save_dir", str(runs["resumed"]) + "-x",
+                                               "--continue_from", str(runs["resumed"])])
+    assert code == 1
+    assert "is a sharded checkpoint (written with --fsdp): resume it with --fsdp" in capsys.readouterr().err

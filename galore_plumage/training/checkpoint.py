@@ -96,6 +96,9 @@ def load_checkpoint(folder: Path, model) -> dict:
     """Load the weights into `model` (strictly) and return the trainer state."""
     from safetensors.torch import load_file
 
+    if not (folder / "model.safetensors").is_file() and (folder / "dcp").is_dir():
+        raise FileNotFoundError(f"--continue_from {str(folder)!r} is a sharded checkpoint (written with --fsdp): "
+                                "resume it with --fsdp, at the same number of processes")
     weights = load_file(folder / "model.safetensors", device=str(next(model.parameters()).device))
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
