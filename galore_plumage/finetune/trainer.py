@@ -14,7 +14,8 @@ Normal mode returns no scheduler (Trainer builds its own from `lr_scheduler_type
 (`*_per_layer` names) steps each weight inside its gradient hook; Trainer cannot build a scheduler over
 that wrapper, so one is built here over the wrapped optimizer (`num_training_steps` or `args.max_steps`
 must be known), gradient clipping must be off (`max_grad_norm=0`) and accumulation 1, because Trainer
-may end an epoch on a partial accumulation that the hooks would carry into the next. Trainer's
+may end an epoch on a partial accumulation that the hooks would carry into the next. torch then warns once
+that the scheduler stepped before `optimizer.step()`: expected, the weights stepped in their hooks. Trainer's
 checkpoints hold the optimizer's `state_dict()` (plain tensors and numbers), so they resume.
 """
 
