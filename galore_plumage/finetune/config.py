@@ -17,6 +17,7 @@ from pathlib import Path
 from ..optimizers import RULES, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
+from ..training.config import add_flags
 from .tasks import OFFLINE_TASK, TASKS
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
@@ -80,14 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run_glue.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Fine-tune a sequence classifier with a low-rank gradient optimizer (GaLore-compatible flags).",
     )
-    for spec in dataclasses.fields(FinetuneConfig):
-        meta = dict(spec.metadata)
-        if spec.type == "bool" and "action" not in meta:
-            meta["action"] = "store_true"
-        elif "action" not in meta and "type" not in meta:
-            meta["type"] = {"int": int, "float": float, "str": str}[spec.type]
-        parser.add_argument(f"--{spec.name}", default=spec.default, **meta)
-    return parser
+    return add_flags(parser, FinetuneConfig)
 
 
 def parse_config(argv: list[str] | None = None) -> FinetuneConfig:

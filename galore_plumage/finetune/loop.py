@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 import time
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from ..optimizers import build_optimizer, describe_routing
 from ..training.metrics import MetricsLog, Progress, projector_records
+from ..training.schedule import step_scheduler
 from .config import FinetuneConfig
 from .model import apply_lora, load_classifier, target_modules
 from .tasks import Split, load_task
@@ -129,10 +129,7 @@ def run(config: FinetuneConfig):
             loss = model(**batch).loss
             loss.backward()
             optimizer.step()
-            with warnings.catch_warnings():
-                # per-layer weights step in their hooks, never through inner.step(), whose call LambdaLR looks for
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-                scheduler.step()
+            step_scheduler(scheduler)
             optimizer.zero_grad(set_to_none=True)
             step += 1
             losses.append(loss.item())

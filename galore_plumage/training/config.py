@@ -115,7 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="torchrun_main.py", description="Pretrain Llama with a low-rank gradient optimizer (GaLore-compatible flags).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    for spec in dataclasses.fields(TrainConfig):
+    return add_flags(parser, TrainConfig)
+
+
+def add_flags(parser: argparse.ArgumentParser, config_class) -> argparse.ArgumentParser:
+    """One --flag per field of a config dataclass, its help and choices from the field's metadata; fields marked
+    `derived` are computed by resolve(), not given. (Field types are strings under `from __future__ import annotations`.)"""
+    for spec in dataclasses.fields(config_class):
         meta = dict(spec.metadata)
         if meta.pop("derived", False):
             continue

@@ -12,7 +12,6 @@ import contextlib
 import math
 import random
 import time
-import warnings
 from dataclasses import asdict
 
 import numpy as np
@@ -28,7 +27,7 @@ from .distributed import Dist, all_reduce_sum, barrier, gather_floats
 from .fsdp import ensure_process_group, load_sharded_checkpoint, save_sharded_checkpoint, shard_model
 from .metrics import MetricsLog, Progress, projector_records
 from .model import build_model, load_model_config
-from .schedule import build_scheduler
+from .schedule import build_scheduler, step_scheduler
 from .tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -250,10 +249,7 @@ def train(config: TrainConfig, context: Dist) -> dict:
             torch.nn.utils.clip_grad_norm_(trainable, config.grad_clipping)
         lr = inner.param_groups[0]["lr"]
         optimizer.step()
-        with warnings.catch_warnings():
-            # per-layer weights step in their hooks, never through inner.step(), whose call LambdaLR looks for
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-            scheduler.step()
+        step_scheduler(scheduler)
         optimizer.zero_grad(set_to_none=True)
         update_step += 1
         tokens_seen += config.tokens_per_update

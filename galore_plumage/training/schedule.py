@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 
 from torch.optim import Optimizer
@@ -28,3 +29,11 @@ def build_scheduler(optimizer: Optimizer, kind: str, warmup_steps: int, total_st
     """Stepped once per update. (A partial, not a lambda, so the scheduler's state_dict stays plain.)"""
     return LambdaLR(optimizer, partial(lr_factor, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps,
                                        min_lr_ratio=min_lr_ratio))
+
+
+def step_scheduler(scheduler: LambdaLR) -> None:
+    """scheduler.step(), quiet about per-layer mode: its weights step in their hooks, never through
+    inner.step(), whose call LambdaLR looks for before warning that the schedule runs ahead of the optimizer."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        scheduler.step()
