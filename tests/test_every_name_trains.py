@@ -75,3 +75,22 @@ def test_name_trains(name):
         assert torch.isfinite(p).all()
         assert not torch.equal(p, start[p])  # every tensor trained, low-rank ones included
     assert losses[-1] < REQUIRED_RATIO * losses[0], (name, losses[0], losses[-1])
+
+
+@pytest.mark.parametrize("name", ["plumage_adamw", "plumage_adamw8bit", "plumage_adafactor", "plumage_sgdm"])
+def test_float64_weights_train_across_refreshes(name):
+    """Float64 weights: the realignment at each refresh carries float32 backend states (8-bit dequantized,
+    Adafactor's factors) through a float64 basis transition without a dtype clash, and training still works."""
+    torch.manual_seed(0)
+    model = Block().double()
+    optimizer = build_optimizer(name, model, rank=RANK, update_proj_gap=GAP, **_options(name))
+    x, y = (t.double() for t in _data())
+    losses = []
+    for _ in range(3 * GAP):  # three refreshes, each realigning the moments
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert losses[-1] < losses[0], (name, losses[0], losses[-1])

@@ -57,7 +57,7 @@ def realign_factored(
         raise ValueError("exact factored transport is defined for 2-D low-rank tensors; got a row factor of "
                          f"shape {tuple(row.shape)}")
     for mode, b in projector.transition.items():
-        b2 = b * b
+        b2 = (b * b).to(col.dtype)  # the factors keep their own dtype, whatever the basis's
         if mode == 1:
             col = b2 @ col
         else:

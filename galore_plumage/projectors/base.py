@@ -237,6 +237,7 @@ class Projector:
             return low
         x = low
         for mode, b in self.transition.items():
+            b = b.to(x.dtype)  # states keep their own dtype (8-bit and Adafactor states are float32 for float64 weights)
             x = mode_product(x, b * b if squared else b, mode)
         return x
 
