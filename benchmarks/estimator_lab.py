@@ -239,7 +239,7 @@ def main() -> None:
     start = time.perf_counter()
     folder = trained_model_folder(args)
     args.source = f"`{folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder}`"
-    args.machine = f"CPU, {torch.get_num_threads()} threads"
+    args.machine = f"CPU, {torch.get_num_threads()} torch thread(s)"
     grads = capture_gradients(folder, args.seed)
     print(f"captured {len(grads)} gradients from {folder}", flush=True)
     est = estimator_rows(grads, args.ranks, args.draws)
