@@ -51,6 +51,7 @@ import torch
 
 import galore_plumage
 from galore_plumage.optimizers import FAMILIES, optimizer_class
+from galore_plumage.optimizers.memory import state_bytes
 
 SIZES = {"60m": (512, 1376, 128), "130m": (768, 2048, 256), "350m": (1024, 2736, 256)}  # h, i, rank
 TAU = 200
@@ -194,31 +195,7 @@ def build_and_warm(candidate: Candidate, grads, rank: int, gap: int, device) -> 
     optimizer = candidate.build(params, rank, gap)
     step_once(optimizer, params, grads)
     synchronize(device)
-    return (lambda: step_once(optimizer, params, grads)), state_bytes(optimizer.state)
-
-
-def state_bytes(state) -> tuple[int, int]:
-    """Bytes of the tensors reachable from `state` (dicts, lists, GaLoreProjector objects), each counted once:
-    (of the storages they keep alive, of the tensors themselves)."""
-    storages: dict[int, int] = {}
-    tensors: dict[tuple[int, int], int] = {}
-
-    def visit(value) -> None:
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-            tensors[value.data_ptr(), value.nbytes] = value.nbytes
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-        elif hasattr(value, "ortho_matrix"):  # galore-torch's projector object
-            visit(value.ortho_matrix)
-
-    visit(dict(state))
-    return sum(storages.values()), sum(tensors.values())
+    return (lambda: step_once(optimizer, params, grads)), state_bytes(dict(optimizer.state))
 
 
 def floor_step(grads: list[torch.Tensor], bases: list[torch.Tensor]) -> Callable[[], None]:

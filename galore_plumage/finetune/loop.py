@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..optimizers import build_optimizer, describe_routing
+from ..optimizers.memory import state_bytes
 from ..training.metrics import MetricsLog, Progress, projector_records
 from ..training.schedule import step_scheduler
 from .config import FinetuneConfig
@@ -31,24 +32,8 @@ def seed_everything(seed: int) -> None:
 
 
 def optimizer_state_bytes(optimizer) -> int:
-    """Bytes of the tensors held in the optimizer's state — moments, and the projector's saved basis and
-    probabilities (nested dicts) — each storage counted once."""
-    storages: dict[int, int] = {}
-
-    def visit(value) -> None:
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-
-    for state in getattr(optimizer, "optimizer", optimizer).state.values():  # per-layer mode wraps the optimizer
-        visit(state)
-    return sum(storages.values())
+    """Bytes of the tensors held in the optimizer's state (moments, the projector's basis and probabilities)."""
+    return state_bytes(dict(getattr(optimizer, "optimizer", optimizer).state))[0]  # per-layer mode wraps it
 
 
 def build_model_and_optimizer(config: FinetuneConfig, num_labels: int, label_names=None):
