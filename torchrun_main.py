@@ -44,13 +44,15 @@ def main(argv=None) -> int:
         print(f"torchrun_main.py: error: {error}", file=sys.stderr)
         return 2
     context = init_distributed()
+    succeeded = False
     try:
         train(config, context)
+        succeeded = True
     except (ValueError, FileNotFoundError, RuntimeError) as error:
         print(f"torchrun_main.py: error: {error}", file=sys.stderr)
         return 1
     finally:
-        shutdown(context)
+        shutdown(context, succeeded)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -66,6 +67,14 @@ def barrier(context: Dist) -> None:
         dist.barrier()
 
 
-def shutdown(context: Dist) -> None:
-    if context.active and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(context: Dist, succeeded: bool = True) -> None:
+    """Tear the process group down. After a success every rank first meets at a barrier and drops its garbage:
+    a gloo rank that destroys the group while a peer still has collectives (or their work objects) in flight can
+    die at exit with SIGABRT ("terminate called without an active exception") although training finished. After a
+    failure there is no barrier, since a peer may never reach it."""
+    if not (context.active and dist.is_initialized()):
+        return  # one process: a group made for --fsdp is kept, so in-process callers can run again
+    if succeeded:
+        dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
