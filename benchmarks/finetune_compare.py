@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from run_cache import run_or_reuse  # benchmarks/ is on sys.path when this file runs
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = {  # label -> run_glue.py flags that make the arm
@@ -73,19 +73,11 @@ def final_record(out: Path) -> dict | None:
 
 def run_arm(args, method: str, seed: int) -> dict:
     out = Path(args.out) / f"{method}-s{seed}"
-    cmd = command(args, method, seed, out)
-    recorded = out / "command.json"
-    summary = final_record(out)
-    if summary is not None and recorded.exists() and json.loads(recorded.read_text()) == cmd[1:]:
-        return summary
-    if args.report_only:
+    summary = run_or_reuse(command(args, method, seed, out), out, final_record, f"{method} seed {seed}",
+                           report_only=args.report_only, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if summary is None:
         raise SystemExit(f"{out} holds no finished run of the current command; run without --report-only")
-    shutil.rmtree(out, ignore_errors=True)  # a partial or outdated run
-    print(f"running {method} seed {seed} ...", flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
-    recorded.write_text(json.dumps(cmd[1:]))
-    return final_record(out)
+    return summary
 
 
 def mean_sd(values: list[float], fmt: str) -> str:

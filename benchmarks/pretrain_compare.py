@@ -20,9 +20,7 @@ A finished run is reused when its recorded command is unchanged, so an interrupt
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from plot_runs import load_run, plot_losses  # noqa: E402
+from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
 # label -> (optimizer name, extra flags). Adafactor gets beta1 0.9 so it has a first moment to realign like the others.
 MAIN = {
@@ -80,19 +79,10 @@ def ensure_run(label: str, optimizer: str, extra: list[str], seed: int, lr: floa
     """
     save_dir = run_dir(label, seed)
     command = command_for(optimizer, extra, seed, lr, args, save_dir)
-    recorded = save_dir / "command.json"
-    if recorded.exists() and json.loads(recorded.read_text()) == command[1:] and _summary(save_dir):
-        return _summary(save_dir)
-    if args.report_only:
+    summary = run_or_reuse(command, save_dir, _summary, f"{label} seed {seed}", report_only=args.report_only)
+    if summary is None:
         print(f"(no finished run of {label!r} seed {seed} with this command in {save_dir}: left out)")
-        return None
-    save_dir.mkdir(parents=True, exist_ok=True)
-    (save_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh curve, not appended to an older run's
-    print(f"== {label} seed {seed}", flush=True)
-    subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    print(f"== {label} seed {seed} done", flush=True)
-    recorded.write_text(json.dumps(command[1:]))
-    return _summary(save_dir)
+    return summary
 
 
 def _summary(save_dir: Path) -> dict | None:

@@ -1,0 +1,30 @@
+"""One benchmark run as a subprocess, reused when the same command already finished (so tables resume)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_or_reuse(command: list[str], out: Path, result: Callable[[Path], dict | None], label: str,
+                 report_only: bool = False, env: dict | None = None) -> dict | None:
+    """`result(out)` of the run `command` writes into `out`: the finished one if `out/command.json` records this
+    command (the interpreter path aside), else a fresh run, or None with `report_only`. An unfinished or outdated
+    `out` is removed before running, so a curve is never appended to an older run's."""
+    recorded = out / "command.json"
+    done = result(out)
+    if done is not None and recorded.exists() and json.loads(recorded.read_text()) == command[1:]:
+        return done
+    if report_only:
+        return None
+    shutil.rmtree(out, ignore_errors=True)
+    print(f"== {label}", flush=True)
+    subprocess.run(command, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    recorded.write_text(json.dumps(command[1:]))
+    print(f"== {label} done", flush=True)
+    return result(out)
