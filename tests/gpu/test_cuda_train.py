@@ -1,4 +1,6 @@
-"""CUDA checks of torchrun_main.py (skipped without a GPU): a bf16 run trains, resumes exactly, and saves.
+"""CUDA checks of torchrun_main.py (skipped without a GPU): a bf16 run trains, resumes exactly, and saves; so does
+an --fsdp run (FSDP2 over nccl: fully_shard, the all-reduced Gram refresh, DCP checkpoints; the CPU tests in
+tests/test_fsdp_*.py compare sharded runs with one process number by number).
 
 Run on a GPU machine with `python -m pytest tests/gpu -q`. On CUDA the kernels are not bit-reproducible in
 general, so the resume check compares losses to a tolerance instead of bit for bit.
@@ -46,10 +48,20 @@ def test_bf16_run_trains_on_cuda(corpus, tmp_path, optimizer):
     assert (tmp_path / "run" / "model_6" / "model.safetensors").is_file()
 
 
-def test_resume_on_cuda_matches_uninterrupted_run(corpus, tmp_path):
-    full = _run(corpus, tmp_path / "full", "--optimizer", "plumage_adamw")
-    _run(corpus, tmp_path / "half", "--optimizer", "plumage_adamw", "--stop_at", "3")
-    resumed = _run(corpus, tmp_path / "half", "--optimizer", "plumage_adamw", "--continue_from", str(tmp_path / "half"))
+@pytest.mark.parametrize("optimizer", ["plumage_adamw", "galore_adamw", "plumage_adamw8bit", "plumage_adafactor"])
+def test_fsdp_run_trains_on_cuda(corpus, tmp_path, optimizer):
+    records = _run(corpus, tmp_path / "run", "--fsdp", "--optimizer", optimizer)
+    losses = [r["loss"] for r in records if r["type"] == "train"]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    assert (tmp_path / "run" / "model_6" / "dcp").is_dir()
+
+
+@pytest.mark.parametrize("extra", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
+def test_resume_on_cuda_matches_uninterrupted_run(corpus, tmp_path, extra):
+    full = _run(corpus, tmp_path / "full", "--optimizer", "plumage_adamw", *extra)
+    _run(corpus, tmp_path / "half", "--optimizer", "plumage_adamw", "--stop_at", "3", *extra)
+    resumed = _run(corpus, tmp_path / "half", "--optimizer", "plumage_adamw", "--continue_from", str(tmp_path / "half"),
+                   *extra)
     a = [r["loss"] for r in full if r["type"] == "train"]
     b = [r["loss"] for r in resumed if r["type"] == "train"]
     assert b == pytest.approx(a, rel=1e-2)
