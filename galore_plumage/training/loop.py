@@ -198,21 +198,15 @@ def train(config: TrainConfig, context: Dist) -> dict:
     accumulation = config.gradient_accumulation
 
     def checkpoint(step: int) -> None:
-        if config.fsdp:  # every rank writes its own shards
-            trainer_state = {"scheduler": scheduler.state_dict(), "data": batches.state_dict(), "rng": rng_state(),
-                             "update_step": step, "tokens_seen": tokens_seen}
-            folder = save_sharded_checkpoint(config.save_dir, step, model, optimizer, trainer_state,
-                                             {"update_step": step, "tokens_seen": tokens_seen,
-                                              "optimizer": config.optimizer}, main)
-            progress.write(f"saved {folder}")
-            return
+        trainer_state = {"scheduler": scheduler.state_dict(), "data": batches.state_dict(), "rng": rng_state(),
+                         "update_step": step, "tokens_seen": tokens_seen}
+        summary = {"update_step": step, "tokens_seen": tokens_seen, "optimizer": config.optimizer}
+        if config.fsdp:  # every rank writes its own shards of the model and the optimizer
+            folder = save_sharded_checkpoint(config.save_dir, step, model, optimizer, trainer_state, summary, main)
+        elif main:
+            folder = save_checkpoint(config.save_dir, step, model, {"optimizer": optimizer.state_dict(), **trainer_state},
+                                     summary)
         if main:
-            trainer_state = {
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "data": batches.state_dict(),
-                "rng": rng_state(), "update_step": step, "tokens_seen": tokens_seen,
-            }
-            folder = save_checkpoint(config.save_dir, step, model, trainer_state,
-                                     {"update_step": step, "tokens_seen": tokens_seen, "optimizer": config.optimizer})
             progress.write(f"saved {folder}")
         barrier(context)
 
