@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from plot_runs import load_run, plot_losses  # noqa: E402
 from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
+from galore_plumage.training.loop import perplexity  # noqa: E402
+
 # label -> (optimizer name, extra flags). Adafactor gets beta1 0.9 so it has a first moment to realign like the others.
 MAIN = {
     "adamw": ("adamw", []),
@@ -127,7 +129,7 @@ def report(name: str, arms: dict, losses: dict[str, list[float]], lr: float, arg
             closure = "undefined: full rank not better than GaLore" if of_means is None else percent(of_means) + \
                 "; " + ", ".join(percent(gap_closure(g, a, f)) for (g, a), f in zip(pairs, losses[full], strict=True))
         cells = " | ".join(f"{v:.4f}" for v in losses[label])
-        ppl = 2.718281828459045 ** mean(losses[label])
+        ppl = perplexity(mean(losses[label]))
         lines.append(f"| {label} | `{' '.join([optimizer, *extra])}` | {cells} | {mean_spread(losses[label])} | "
                      f"{ppl:.1f} | {gain} | {closure} |")
     return "\n".join(lines) + "\n"
