@@ -4,7 +4,8 @@ GaLore's meanings are kept so its commands work unchanged: `--enable_galore` tur
 groups, `--lora_r` is the GaLore rank, `--lora_all_modules` projects every attention and MLP linear
 weight instead of the query only, `--galore_scale` defaults to 1.0 as in GaLore's fine-tuning script.
 Our additions: `--optimizer` / `--projector` / `--realign` from the registries (a low-rank name implies
-`--enable_galore`), and `--peft lora`, a real LoRA baseline, where `--lora_r` is LoRA's r.
+`--enable_galore`), `--max_inv_p` (PLUMAGE's 1/p cap), and `--peft lora`, a real LoRA baseline, where `--lora_r` is
+LoRA's r.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class FinetuneConfig:
     lora_all_modules: bool = _flag(False, "target every attention and MLP linear weight, not only the query")
     projector: str = _flag(None, "override the optimizer's projector", choices=list_projectors())
     realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
+    max_inv_p: float = _flag(None, "plumage only: cap each 1/p rescale at this (>= 1; biased, bounded steps); default "
+                                   "no cap, the paper's estimator")
     # --- LoRA baseline
     peft: str = _flag("none", "'lora': train LoRA adapters (peft) on the target modules instead", choices=PEFT_METHODS)
     lora_alpha: float = _flag(16.0, "LoRA's alpha (the adapter update is scaled by alpha / r)")

@@ -147,6 +147,9 @@ def build_optimizer(
     if spec.projector is None and projector is not None:
         raise ValueError(f"optimizer {name!r} is full-rank; pick a low-rank name (e.g. plumage_{spec.backend}) "
                          f"to use projector={projector!r}")
+    if spec.projector is None and options.get("max_inv_p") is not None:
+        raise ValueError(f"max_inv_p={options['max_inv_p']!r} caps PLUMAGE's 1/p rescaling, but optimizer {name!r} is "
+                         f"full-rank; pick plumage_{spec.backend} or drop max_inv_p")
     routes = route_parameters(model, target_modules, projector)
     params = dict(model.named_parameters())
     regular = [params[r.name] for r in routes if not r.low_rank]

@@ -42,7 +42,14 @@ LOW_RANK_DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "stagger": False,  # spread refreshes over the interval so the SVDs do not all land on one step
     "solver": "svd",  # "gram": singular vectors from eigh of the smaller Gram matrix (see projectors.base.SOLVERS)
+    "max_inv_p": None,  # PLUMAGE only: cap each 1/p at this (biased, bounded steps; None = the paper's estimator)
 }
+
+
+def projector_options(group: dict, **overrides) -> dict[str, Any]:
+    """The build_projector keyword arguments a low-rank group sets (name and rank are passed apart)."""
+    keys = ("proj_type", "update_proj_gap", "scale", "seed", "adaptive_interval", "tau_max", "solver", "max_inv_p")
+    return {**{key: group[key] for key in keys}, **overrides}
 
 
 class Update(NamedTuple):
@@ -100,7 +107,7 @@ class LowRankOptimizer(Optimizer):
 
     Subclasses fix `backend` and may change the low-rank defaults (`class_defaults`); any option can also
     be set per group: rank, update_proj_gap, scale, proj_type, projector, realign, adaptive_interval,
-    tau_max, seed, stagger.
+    tau_max, seed, stagger, solver, max_inv_p.
     """
 
     backend: ClassVar[Backend]
@@ -139,11 +146,8 @@ class LowRankOptimizer(Optimizer):
     def _validate_low_rank(group: dict, index: int) -> None:
         spec = projector_spec(group["projector"])  # unknown names fail here, listing the choices
         check_rule(group["realign"])
-        build_projector(  # the projector validates rank, gap, scale, proj_type, tau_max
-            spec.name, group["rank"], proj_type=group["proj_type"], update_proj_gap=group["update_proj_gap"],
-            scale=group["scale"], seed=group["seed"], adaptive_interval=group["adaptive_interval"],
-            tau_max=group["tau_max"], solver=group["solver"],
-        )
+        # the projector validates rank, gap, scale, proj_type, tau_max, solver, max_inv_p
+        build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):
             if param.dim() < 2 or (param.dim() > 2 and not spec.tensors):
                 raise ValueError(
@@ -212,10 +216,7 @@ class LowRankOptimizer(Optimizer):
         projector = self._projectors.get(param)
         if projector is None:
             projector = build_projector(
-                group["projector"], group["rank"], proj_type=group["proj_type"],
-                update_proj_gap=group["update_proj_gap"], scale=group["scale"], seed=group["seed"],
-                index=self._indices[param], adaptive_interval=group["adaptive_interval"], tau_max=group["tau_max"],
-                solver=group["solver"],
+                group["projector"], group["rank"], **projector_options(group, index=self._indices[param])
             )
             if "projector" in self.state[param]:
                 projector.load_state_dict(self.state[param]["projector"])

@@ -38,7 +38,7 @@ from ..projectors import build_projector, projected_modes, projector_spec, refre
 from ..projectors.svd import Singular, eigh_gram
 from .adafactor import AdafactorBackend
 from .adamw8bit import BLOCKSIZE
-from .base import Backend, apply_update
+from .base import Backend, apply_update, projector_options
 
 # state tensors whose dim 0 is the weight's (sharded) rows; absmax (8-bit) is one block list per rank
 ROW_KEYS = {
@@ -126,12 +126,8 @@ class Sharding:
         optimizer = self.optimizer
         projector = optimizer._projectors.get(param)
         if projector is None:
-            projector = build_projector(
-                group["projector"], group["rank"], proj_type=self.proj_type_for(param, group),
-                update_proj_gap=group["update_proj_gap"], scale=group["scale"], seed=group["seed"],
-                index=optimizer._indices[param], adaptive_interval=group["adaptive_interval"],
-                tau_max=group["tau_max"], solver=group["solver"],
-            )
+            projector = build_projector(group["projector"], group["rank"], **projector_options(
+                group, proj_type=self.proj_type_for(param, group), index=optimizer._indices[param]))
             if "projector" in optimizer.state[param]:
                 projector.load_state_dict(optimizer.state[param]["projector"])
             optimizer._projectors[param] = projector

@@ -63,7 +63,7 @@ def build_projector(
     seed: int = 0,
     **options,
 ) -> Projector:
-    """A fresh projector; `options` are index, adaptive_interval, tau_max."""
+    """A fresh projector; `options` are index, adaptive_interval, tau_max, solver, max_inv_p (see Projector)."""
     return projector_spec(name).cls(
         rank, proj_type=proj_type, update_proj_gap=update_proj_gap, scale=scale, seed=seed, **options
     )

@@ -95,6 +95,7 @@ class Projector:
     tensors: ClassVar[bool] = False  # accepts gradients with more than 2 dims
     stores_factors: ClassVar[bool] = True  # False: factors are regenerated from the seed on load
     from_spectrum: ClassVar[bool] = False  # True: a basis is made from singular values/vectors alone (sharded refresh)
+    rescales: ClassVar[bool] = False  # True: project_back applies 1/p of sampled directions (max_inv_p may cap it)
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class Projector:
         adaptive_interval: bool = False,
         tau_max: int | None = None,
         solver: str = "svd",
+        max_inv_p: float | None = None,
     ):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
@@ -121,6 +123,12 @@ class Projector:
             raise ValueError(f"scale must be a positive finite number, got {scale!r}")
         if solver not in SOLVERS:
             raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+        if max_inv_p is not None:
+            if isinstance(max_inv_p, bool) or not isinstance(max_inv_p, (int, float)) or not max_inv_p >= 1.0:
+                raise ValueError(f"max_inv_p must be a number >= 1 (or None for no cap), got {max_inv_p!r}")
+            if not self.rescales:
+                raise ValueError(f"max_inv_p={max_inv_p!r} caps PLUMAGE's 1/p rescaling, but projector {self.name!r} "
+                                 "does not rescale; use projector='plumage' or leave max_inv_p unset")
         tau_max = DEFAULT_TAU_MAX_FACTOR * update_proj_gap if tau_max is None else tau_max
         if isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < update_proj_gap:
             raise ValueError(f"tau_max must be an integer >= update_proj_gap={update_proj_gap}, got {tau_max!r}")
@@ -130,6 +138,7 @@ class Projector:
         self.adaptive_interval, self.tau_min, self.tau_max = bool(adaptive_interval), update_proj_gap, tau_max
         self.tau = update_proj_gap
         self.solver = solver
+        self.max_inv_p = None if max_inv_p is None else float(max_inv_p)
         self.shape: tuple[int, ...] | None = None
         self._rank_per_mode: dict[int, int] = {}
         self.factors: dict[int, torch.Tensor] = {}

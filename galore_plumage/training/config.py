@@ -84,6 +84,8 @@ class TrainConfig:
     tau_max: int = _flag(None, "longest adaptive interval (default 4 x --update_proj_gap)")
     solver: str = _flag("svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, as "
                                "galore-torch) or 'gram' (eigh of the smaller Gram matrix: faster)", choices=SOLVERS)
+    max_inv_p: float = _flag(None, "plumage only: cap each 1/p rescale at this (>= 1): biased, but no sampled direction "
+                                   "steps more than this many times a kept one; default no cap (the paper's estimator)")
     # --- evaluation, checkpoints, logging
     eval_every: int = _flag(5_000, "evaluate every this many updates (and at the end)")
     save_every: int = _flag(10_000, "checkpoint every this many updates (and at the end)")

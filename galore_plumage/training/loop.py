@@ -98,6 +98,8 @@ def optimizer_options(config: TrainConfig) -> dict:
         options["tau_max"] = config.tau_max
     options["seed"] = config.seed
     options["solver"] = config.solver
+    if config.max_inv_p is not None:
+        options["max_inv_p"] = config.max_inv_p
     return options
 
 
