@@ -40,16 +40,22 @@ MAIN = {
     "plumage_adamw realign=m": ("plumage_adamw", ["--realign", "m"]),
     "plumage_adamw realign=mv": ("plumage_adamw", []),
     "plumage_adamw realign=mv adaptive": ("plumage_adamw", ["--adaptive_interval"]),
+    # PLUMAGE with each 1/p capped (biased, bounded steps); 1 = the sampled basis without rescaling
+    "plumage_adamw max_inv_p=1": ("plumage_adamw", ["--max_inv_p", "1"]),
+    "plumage_adamw max_inv_p=3": ("plumage_adamw", ["--max_inv_p", "3"]),
+    "plumage_adamw max_inv_p=10": ("plumage_adamw", ["--max_inv_p", "10"]),
     "flora_adamw": ("flora_adamw", []),
     "galore_adamw8bit": ("galore_adamw8bit", []),
     "plumage_adamw8bit": ("plumage_adamw8bit", []),
     "galore_adafactor": ("galore_adafactor", ["--beta1", "0.9"]),
     "plumage_adafactor": ("plumage_adafactor", ["--beta1", "0.9"]),
+    "plumage_adafactor max_inv_p=3": ("plumage_adafactor", ["--beta1", "0.9", "--max_inv_p", "3"]),
 }
 SGDM = {  # --beta1 is SGD's momentum in GaLore's script
     "sgdm": ("sgdm", ["--beta1", "0.9"]),
     "galore_sgdm": ("galore_sgdm", ["--beta1", "0.9"]),
     "plumage_sgdm realign=m": ("plumage_sgdm", ["--beta1", "0.9"]),
+    "plumage_sgdm realign=m max_inv_p=3": ("plumage_sgdm", ["--beta1", "0.9", "--max_inv_p", "3"]),
 }
 TABLES = {"main": MAIN, "sgdm": SGDM}
 # closure of which arm is measured against which GaLore arm (same backend) and the full-rank AdamW reference
@@ -173,7 +179,7 @@ def main() -> None:
         sections.append(report(name, arms, losses, lr, args))
         curves = [(label, load_run(run_dir(label, args.seeds[0]))[1]) for label in losses
                   if name == "sgdm" or label in ("adamw", "galore_adamw", "plumage_adamw realign=mv", "flora_adamw",
-                                                 "plumage_adamw realign=mv adaptive")]
+                                                 "plumage_adamw max_inv_p=3")]
         plot_losses(curves, out / f"pretrain_{name}_loss.png", log_scale=name == "sgdm", window=10)
     flags = " ".join(f"--{k} {v}" for k, v in [("steps", args.steps), ("batch_size", args.batch_size),
                                                 ("max_length", args.max_length), ("rank", args.rank),

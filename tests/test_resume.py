@@ -7,6 +7,8 @@ for fp32 and bf16 weights. The checkpoint goes through torch.save / torch.load(w
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -137,7 +139,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
     low_rank_group = next(g for g in state_dict["param_groups"] if "rank" in g)
     assert set(low_rank_group) == {
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
-        "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver",
+        "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}
@@ -147,3 +149,28 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
     }
     assert state["projector"]["name"] == "plumage" and set(state["projector"]["factors"]) == {0}
     assert state["exp_avg"].shape == state["exp_avg_sq"].shape == (4, 24)  # attn: 16 × 24, std → left, rank 4
+
+
+def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
+    """Group keys added since the first release (solver, max_inv_p) are missing from older checkpoints; loading one
+    fills their defaults, and the run continues exactly as with a checkpoint that has them."""
+    model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
+    optimizer = _build("plumage_adamw", model)
+    for _ in range(SAVE_AFTER):
+        _step(model, optimizer, generator)
+    current = optimizer.state_dict()
+    older = {"state": current["state"],
+             "param_groups": [{k: v for k, v in g.items() if k not in ("solver", "max_inv_p")}
+                              for g in current["param_groups"]]}
+    twins = []
+    for state_dict in (current, older):
+        twin_model = _model(torch.float32)
+        twin_model.load_state_dict(model.state_dict())
+        twin = _build("plumage_adamw", twin_model)
+        twin.load_state_dict(copy.deepcopy(state_dict))  # as from torch.load: the twins share no state tensors
+        _step(twin_model, twin, torch.Generator().manual_seed(3))  # the first step after the load refreshes
+        twins.append(twin_model)
+    low_rank = next(g for g in twin.param_groups if "rank" in g)
+    assert low_rank["solver"] == "svd" and low_rank["max_inv_p"] is None
+    for a, b in zip(twins[0].parameters(), twins[1].parameters(), strict=True):
+        assert torch.equal(a, b)
