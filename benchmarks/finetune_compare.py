@@ -32,6 +32,7 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     "galore": ["--optimizer", "galore_adamw"],
     "flora": ["--optimizer", "flora_adamw"],
     "plumage": ["--optimizer", "plumage_adamw"],
+    "plumage max_inv_p=3": ["--optimizer", "plumage_adamw", "--max_inv_p", "3"],
     "lora": ["--peft", "lora", "--lora_alpha", "16"],
 }
 
@@ -72,7 +73,7 @@ def final_record(out: Path) -> dict | None:
 
 
 def run_arm(args, method: str, seed: int) -> dict:
-    out = Path(args.out) / f"{method}-s{seed}"
+    out = Path(args.out) / f"{method.replace(' ', '_').replace('=', '-')}-s{seed}"
     summary = run_or_reuse(command(args, method, seed, out), out, final_record, f"{method} seed {seed}",
                            report_only=args.report_only, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if summary is None:
