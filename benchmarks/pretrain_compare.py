@@ -76,8 +76,8 @@ def command_for(optimizer: str, extra: list[str], seed: int, lr: float, args, sa
     ]
 
 
-def run_dir(label: str, seed: int) -> Path:
-    return ROOT / "runs" / "pretrain_compare" / label.replace(" ", "_").replace("=", "-") / f"seed{seed}"
+def run_dir(label: str, seed: int, runs: str = "runs/pretrain_compare") -> Path:
+    return ROOT / runs / label.replace(" ", "_").replace("=", "-") / f"seed{seed}"
 
 
 def ensure_run(label: str, optimizer: str, extra: list[str], seed: int, lr: float, args) -> dict | None:
@@ -85,7 +85,7 @@ def ensure_run(label: str, optimizer: str, extra: list[str], seed: int, lr: floa
 
     With --report-only nothing runs: a missing run gives None and its arm is left out of the table.
     """
-    save_dir = run_dir(label, seed)
+    save_dir = run_dir(label, seed, args.runs)
     command = command_for(optimizer, extra, seed, lr, args, save_dir)
     summary = run_or_reuse(command, save_dir, _summary, f"{label} seed {seed}", report_only=args.report_only)
     if summary is None:
@@ -155,6 +155,10 @@ def main() -> None:
     parser.add_argument("--sgdm_lr", type=float, default=0.1, help="peak lr of every arm of the SGD-momentum table")
     parser.add_argument("--eval_tokens", type=int, default=50_000)
     parser.add_argument("--out", default="docs", help="where pretrain_compare.md and the figures go")
+    parser.add_argument("--runs", default="runs/pretrain_compare", help="one folder per arm and seed under here")
+    parser.add_argument("--arms", type=lambda s: s.split(","), default=None,
+                        help="comma-separated arm labels to run (default: every arm of the table)")
+    parser.add_argument("--name", default="pretrain", help="<name>_compare.md and <name>_<table>_loss.png are written")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (set OMP_NUM_THREADS so they share the CPU)")
     parser.add_argument("--report-only", action="store_true", help="only redraw from finished runs")
     args = parser.parse_args()
@@ -169,6 +173,10 @@ def main() -> None:
     sections = []
     for name in (["main", "sgdm"] if args.table == "all" else [args.table]):
         arms, lr = TABLES[name], (args.lr if name == "main" else args.sgdm_lr)
+        if args.arms is not None:
+            arms = {label: arm for label, arm in arms.items() if label in args.arms}
+            if not arms:
+                continue
         jobs = [(label, opt, extra, seed) for label, (opt, extra) in arms.items() for seed in args.seeds]
         with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process; threads only wait on them
             summaries = list(pool.map(lambda job, lr=lr: ensure_run(*job, lr, args), jobs))
@@ -177,18 +185,23 @@ def main() -> None:
             losses[label].append(summary["eval_loss"] if summary else None)
         losses = {label: values for label, values in losses.items() if None not in values}
         sections.append(report(name, arms, losses, lr, args))
-        curves = [(label, load_run(run_dir(label, args.seeds[0]))[1]) for label in losses
+        curves = [(label, load_run(run_dir(label, args.seeds[0], args.runs))[1]) for label in losses
                   if name == "sgdm" or label in ("adamw", "galore_adamw", "plumage_adamw realign=mv", "flora_adamw",
                                                  "plumage_adamw max_inv_p=3")]
-        plot_losses(curves, out / f"pretrain_{name}_loss.png", log_scale=name == "sgdm", window=10)
+        plot_losses(curves, out / f"{args.name}_{name}_loss.png", log_scale=name == "sgdm", window=10)
     flags = " ".join(f"--{k} {v}" for k, v in [("steps", args.steps), ("batch_size", args.batch_size),
                                                 ("max_length", args.max_length), ("rank", args.rank),
                                                 ("update_proj_gap", args.update_proj_gap), ("lr", args.lr),
                                                 ("sgdm_lr", args.sgdm_lr), ("eval_tokens", args.eval_tokens),
                                                 ("seeds", ",".join(map(str, args.seeds)))])
+    for key, default in (("runs", "runs/pretrain_compare"), ("name", "pretrain")):
+        if getattr(args, key) != default:
+            flags += f" --{key} {getattr(args, key)}"
+    if args.arms is not None:
+        flags += f" --arms '{','.join(args.arms)}'"
     text = (f"# Pretraining comparison ({Path(args.model_config).stem}, bundled corpus)\n\n"
             f"Command: `python benchmarks/pretrain_compare.py --table {args.table} {flags}`\n\n" + "\n".join(sections))
-    (out / f"pretrain_compare{'' if args.table == 'all' else '_' + args.table}.md").write_text(text)
+    (out / f"{args.name}_compare{'' if args.table == 'all' else '_' + args.table}.md").write_text(text)
     print(text)
 
 
