@@ -55,7 +55,9 @@ SGDM = {  # --beta1 is SGD's momentum in GaLore's script
     "sgdm": ("sgdm", ["--beta1", "0.9"]),
     "galore_sgdm": ("galore_sgdm", ["--beta1", "0.9"]),
     "plumage_sgdm realign=m": ("plumage_sgdm", ["--beta1", "0.9"]),
+    "plumage_sgdm realign=m max_inv_p=1": ("plumage_sgdm", ["--beta1", "0.9", "--max_inv_p", "1"]),
     "plumage_sgdm realign=m max_inv_p=3": ("plumage_sgdm", ["--beta1", "0.9", "--max_inv_p", "3"]),
+    "plumage_sgdm realign=m max_inv_p=10": ("plumage_sgdm", ["--beta1", "0.9", "--max_inv_p", "10"]),
 }
 TABLES = {"main": MAIN, "sgdm": SGDM}
 # closure of which arm is measured against which GaLore arm (same backend) and the full-rank AdamW reference
