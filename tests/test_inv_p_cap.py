@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from galore_plumage.finetune.config import parse_config as parse_finetune_config
 from galore_plumage.optimizers import build_optimizer
 from galore_plumage.projectors import PlumageProjector, build_projector, inclusion_probabilities
 from galore_plumage.training.config import parse_config
@@ -119,6 +120,22 @@ def test_low_rank_optimizer_without_rescaling_refuses_the_cap(tiny_mlp, name):
 def test_full_rank_optimizer_refuses_the_cap(tiny_mlp):
     with pytest.raises(ValueError, match=r"max_inv_p=2.0 .*'adamw' is full-rank; pick plumage_adamw"):
         build_optimizer("adamw", tiny_mlp, lr=1e-3, max_inv_p=CAP)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--optimizer", "adamw", "--max_inv_p", "3"], r"--max_inv_p 3.0: .*'adamw' is full-rank"),
+    (["--optimizer", "galore_adamw", "--max_inv_p", "3"], r"--max_inv_p 3.0: .*projector 'svd' does not rescale"),
+    (["--optimizer", "plumage_adamw", "--projector", "random", "--max_inv_p", "3"], r"projector 'random' does not"),
+    (["--optimizer", "plumage_adamw", "--max_inv_p", "0.5"], r"--max_inv_p 0.5: max_inv_p must be a number >= 1"),
+])
+def test_command_lines_refuse_a_cap_while_checking_flags(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse_config(argv)
+
+
+def test_run_glue_refuses_a_cap_for_lora():
+    with pytest.raises(ValueError, match=r"--max_inv_p 3.0: .*'adamw' is full-rank"):
+        parse_finetune_config(["--peft", "lora", "--max_inv_p", "3"])
 
 
 def test_command_line_flag_reaches_the_optimizer_options():

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..optimizers import RULES, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
-from ..training.config import add_flags
+from ..training.config import add_flags, check_max_inv_p_flag
 from .tasks import OFFLINE_TASK, TASKS
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
@@ -125,6 +125,7 @@ def resolve(config: FinetuneConfig) -> FinetuneConfig:
                          f"pick a low-rank name such as galore_{spec.backend} or plumage_{spec.backend}")
     if spec.projector is None and (c.projector is not None or c.realign is not None):
         raise ValueError(f"--projector / --realign need a low-rank optimizer; --optimizer {c.optimizer} is full-rank")
+    check_max_inv_p_flag(c.optimizer, c.projector, c.max_inv_p)
     if c.output_dir is None:
         c.output_dir = str(Path("runs") / f"glue-{c.task_name}-{c.method}")
     return c

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..projectors import projector_spec
+from ..projectors import build_projector, projector_spec
 from .adafactor import AdafactorBackend, GaLoreAdafactor, PlumageAdafactor
 from .adamw import AdamWBackend, GaLoreAdamW, PlumageAdamW
 from .adamw8bit import AdamW8bitBackend, GaLoreAdamW8bit, PlumageAdamW8bit
@@ -119,6 +119,19 @@ def describe_routing(routes: list[Route], rank: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def check_max_inv_p(name: str, projector: str | None, max_inv_p) -> None:
+    """Refuse a 1/p cap that is malformed or that nothing would apply (a full-rank name, a projector without 1/p).
+
+    Command lines call it while checking their flags, so the error comes before any file is written."""
+    if max_inv_p is None:
+        return
+    spec = optimizer_spec(name)
+    if spec.projector is None:
+        raise ValueError(f"max_inv_p={max_inv_p!r} caps PLUMAGE's 1/p rescaling, but optimizer {name!r} is full-rank; "
+                         f"pick plumage_{spec.backend} or drop max_inv_p")
+    build_projector(projector or spec.projector, rank=1, max_inv_p=max_inv_p)  # the projector checks value and kind
+
+
 def build_optimizer(
     name: str,
     model: nn.Module,
@@ -147,9 +160,7 @@ def build_optimizer(
     if spec.projector is None and projector is not None:
         raise ValueError(f"optimizer {name!r} is full-rank; pick a low-rank name (e.g. plumage_{spec.backend}) "
                          f"to use projector={projector!r}")
-    if spec.projector is None and options.get("max_inv_p") is not None:
-        raise ValueError(f"max_inv_p={options['max_inv_p']!r} caps PLUMAGE's 1/p rescaling, but optimizer {name!r} is "
-                         f"full-rank; pick plumage_{spec.backend} or drop max_inv_p")
+    check_max_inv_p(name, projector, options.get("max_inv_p"))
     routes = route_parameters(model, target_modules, projector)
     params = dict(model.named_parameters())
     regular = [params[r.name] for r in routes if not r.low_rank]
@@ -195,6 +206,7 @@ __all__ = [
     "Route",
     "Update",
     "build_optimizer",
+    "check_max_inv_p",
     "describe_routing",
     "list_optimizers",
     "optimizer_class",

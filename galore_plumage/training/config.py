@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from ..optimizers import RULES, LayerwiseOptimizer, list_optimizers, optimizer_spec
+from ..optimizers import RULES, LayerwiseOptimizer, check_max_inv_p, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES, SOLVERS
 
@@ -141,6 +141,14 @@ def parse_config(argv: list[str] | None = None, world_size: int = 1, cuda_bf16: 
     return resolve(TrainConfig(**vars(args)), world_size, cuda_bf16)
 
 
+def check_max_inv_p_flag(optimizer: str, projector: str | None, max_inv_p: float | None) -> None:
+    """--max_inv_p is checked with the other flags, so a cap nothing would apply fails before anything is written."""
+    try:
+        check_max_inv_p(optimizer, projector, max_inv_p)
+    except ValueError as error:
+        raise ValueError(f"--max_inv_p {max_inv_p}: {error}") from None
+
+
 def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -> TrainConfig:
     """Fill the derived fields (batch arithmetic, steps from tokens, dtype, save_dir) and check every value."""
     c = dataclasses.replace(config, world_size=world_size)
@@ -160,6 +168,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     if c.single_gpu and world_size > 1:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
     per_layer = optimizer_spec(c.optimizer).per_layer
+    check_max_inv_p_flag(c.optimizer, c.projector, c.max_inv_p)
     if c.fsdp and c.single_gpu:
         raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
                          "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")
