@@ -10,30 +10,23 @@ stopped.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from train_helpers import DIST_VARS, MODEL_CONFIG, REPO, read_metrics, write_corpus
+from train_helpers import DIST_VARS, MODEL_CONFIG, read_metrics, tiny_run_flags, torchrun, write_corpus
 
 import torchrun_main
 from galore_plumage.training import parse_config
 
-TIMEOUT_S = 180
 UPDATES = 4
 OPTIMIZER = "flora_adamw"
 
 
-def torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith("TORCHELASTIC_")}
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "torchrun_main.py",
-               *args]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+def torchrun_ok(args: list[str]) -> subprocess.CompletedProcess:
+    done = torchrun(args)
     assert done.returncode == 0, f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-6000:]}"
     return done
 
@@ -49,10 +42,7 @@ def sharded_weights(checkpoint) -> dict[str, torch.Tensor]:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp_train")
     dataset = write_corpus(root / "corpus.txt")
-    flags = ["--dataset", str(dataset), "--vocab_size", "256", "--max_length", "32", "--model_config", MODEL_CONFIG,
-             "--data_dir", str(root / "data"), "--no-progress", "--rank", "8", "--update_proj_gap", "2",
-             "--eval_tokens", "256", "--warmup_steps", "0", "--num_training_steps", str(UPDATES), "--lr", "3e-3",
-             "--optimizer", OPTIMIZER, "--batch_size", "2", "--proj_type", "right"]
+    flags = tiny_run_flags(root, dataset, UPDATES) + ["--optimizer", OPTIMIZER, "--batch_size", "2", "--proj_type", "right"]
     single = root / "single"
     with pytest.MonkeyPatch.context() as patch:  # in process; also trains the tokenizer the 2-rank jobs then read
         for var in DIST_VARS:
@@ -60,9 +50,9 @@ def runs(tmp_path_factory):
         assert torchrun_main.main(flags + ["--gradient_accumulation", "4", "--save_dir", str(single)]) == 0
     sharded = ["--fsdp", "--gradient_accumulation", "2"]
     whole, resumed = root / "fsdp", root / "fsdp-resumed"
-    output = torchrun(flags + sharded + ["--save_dir", str(whole)]).stdout
-    torchrun(flags + sharded + ["--save_dir", str(resumed), "--stop_at", "2"])
-    resume_output = torchrun(flags + sharded + ["--save_dir", str(resumed), "--continue_from", str(resumed)]).stdout
+    output = torchrun_ok(flags + sharded + ["--save_dir", str(whole)]).stdout
+    torchrun_ok(flags + sharded + ["--save_dir", str(resumed), "--stop_at", "2"])
+    resume_output = torchrun_ok(flags + sharded + ["--save_dir", str(resumed), "--continue_from", str(resumed)]).stdout
     return {"single": single, "fsdp": whole, "resumed": resumed, "output": output, "resume_output": resume_output,
             "flags": flags}
 

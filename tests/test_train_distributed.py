@@ -8,18 +8,13 @@ Per-layer optimizers, which step before DDP's all-reduce, are refused under more
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import DIST_VARS, MODEL_CONFIG, REPO, read_metrics, write_corpus  # noqa: E402
+from train_helpers import DIST_VARS, read_metrics, tiny_run_flags, torchrun, write_corpus  # noqa: E402
 
 import torchrun_main  # noqa: E402
 
-TIMEOUT_S = 180
 UPDATES = 4
 # The weight-for-weight comparison with one process uses flora_adamw: low-rank (refreshes at updates 1 and 3,
 # momentum transferred) with a basis drawn from the seed alone, so the two runs differ only in the order of the
@@ -30,24 +25,12 @@ UPDATES = 4
 COMPARED = "flora_adamw"
 
 
-def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --standalone --nproc_per_node <nproc> torchrun_main.py <args>` from the repo
-    root, with no rank variables inherited from whatever launched pytest."""
-    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith("TORCHELASTIC_")}
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "torchrun_main.py", *args]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-
-
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """Corpus, data_dir and the flags every job here shares (4 updates, projection refreshes at 1 and 3)."""
     root = tmp_path_factory.mktemp("train_distributed")
     dataset = write_corpus(root / "corpus.txt")
-    flags = ["--dataset", str(dataset), "--vocab_size", "256", "--max_length", "32", "--model_config", MODEL_CONFIG,
-             "--data_dir", str(root / "data"), "--no-progress", "--rank", "8", "--update_proj_gap", "2",
-             "--eval_tokens", "256", "--warmup_steps", "0", "--num_training_steps", str(UPDATES), "--lr", "3e-3"]
+    flags = tiny_run_flags(root, dataset, UPDATES)
     return {"root": root, "flags": flags}
 
 

@@ -1,9 +1,12 @@
-"""Shared by the end-to-end training tests: a synthetic corpus, metrics.jsonl reading, the repo's paths."""
+"""Shared by the end-to-end training tests: a synthetic corpus, the flags of a tiny run on it, a 2-process torchrun
+launch, metrics.jsonl reading, the repo's paths."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +16,7 @@ if str(REPO) not in sys.path:  # torchrun_main.py lives at the repository root
 MODEL_CONFIG = str(REPO / "configs" / "llama_micro.json")
 DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
              "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_TIMEOUT_S = 180
 
 
 def write_corpus(path: Path, documents: int = 150, seed: int = 0) -> Path:
@@ -31,3 +35,20 @@ def read_metrics(save_dir: Path) -> dict[str, list[dict]]:
         record = json.loads(line)
         records.setdefault(record["type"], []).append(record)
     return records
+
+
+def tiny_run_flags(root: Path, dataset: Path, updates: int) -> list[str]:
+    """torchrun_main.py flags of a tiny llama_micro run on `dataset` (rank 8, a refresh every 2 updates)."""
+    return ["--dataset", str(dataset), "--vocab_size", "256", "--max_length", "32", "--model_config", MODEL_CONFIG,
+            "--data_dir", str(root / "data"), "--no-progress", "--rank", "8", "--update_proj_gap", "2",
+            "--eval_tokens", "256", "--warmup_steps", "0", "--num_training_steps", str(updates), "--lr", "3e-3"]
+
+
+def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --standalone --nproc_per_node <nproc> torchrun_main.py <args>` from the repo
+    root, with no rank variables inherited from whatever launched pytest."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith("TORCHELASTIC_")}
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "torchrun_main.py", *args]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S)
