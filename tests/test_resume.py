@@ -23,6 +23,9 @@ CONFIGS = {  # name -> options; min_8bit_size=64 puts these small tensors on the
     "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.1, "min_8bit_size": 64},
     "plumage_adafactor": {"lr": 1e-2, "relative_step": False, "beta1": 0.9, "weight_decay": 0.1},
     "plumage_sgdm": {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1},
+    # the remedies keep state of their own: the limiter's last norm, each row's bias-correction weights
+    "plumage_adamw norm_matched": {"lr": 1e-2, "weight_decay": 0.1, "sampled_step": "norm_matched"},
+    "plumage_adamw row_bias": {"lr": 1e-2, "weight_decay": 0.1, "row_bias_correction": True},
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -41,7 +44,7 @@ def _model(dtype):
 
 
 def _build(name, model):
-    return build_optimizer(name, model, rank=4, update_proj_gap=GAP, **CONFIGS[name])
+    return build_optimizer(name.split()[0], model, rank=4, update_proj_gap=GAP, **CONFIGS[name])
 
 
 def _step(model, optimizer, generator):
@@ -140,6 +143,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
     assert set(low_rank_group) == {
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
         "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
+        "sampled_step", "row_bias_correction",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}
@@ -152,15 +156,17 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
 
 
 def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
-    """Group keys added since the first release (solver, max_inv_p) are missing from older checkpoints; loading one
-    fills their defaults, and the run continues exactly as with a checkpoint that has them."""
+    """Group keys added since the first release (solver, max_inv_p, sampled_step, row_bias_correction) are missing
+    from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
+    the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
     optimizer = _build("plumage_adamw", model)
     for _ in range(SAVE_AFTER):
         _step(model, optimizer, generator)
     current = optimizer.state_dict()
     older = {"state": current["state"],
-             "param_groups": [{k: v for k, v in g.items() if k not in ("solver", "max_inv_p")}
+             "param_groups": [{k: v for k, v in g.items()
+                               if k not in ("solver", "max_inv_p", "sampled_step", "row_bias_correction")}
                               for g in current["param_groups"]]}
     twins = []
     for state_dict in (current, older):
@@ -171,6 +177,7 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
         _step(twin_model, twin, torch.Generator().manual_seed(3))  # the first step after the load refreshes
         twins.append(twin_model)
     low_rank = next(g for g in twin.param_groups if "rank" in g)
-    assert low_rank["solver"] == "svd" and low_rank["max_inv_p"] is None
+    assert low_rank["solver"] == "svd" and low_rank["max_inv_p"] is None  # the values it was written with
+    assert low_rank["sampled_step"] == "adaptive" and low_rank["row_bias_correction"] is False
     for a, b in zip(twins[0].parameters(), twins[1].parameters(), strict=True):
         assert torch.equal(a, b)

@@ -22,6 +22,7 @@ from .adamw8bit import AdamW8bitBackend, GaLoreAdamW8bit, PlumageAdamW8bit
 from .base import LOW_RANK_DEFAULTS, Backend, LowRankOptimizer, Update
 from .layerwise import LayerwiseOptimizer
 from .realign import RULES
+from .sampled_step import SAMPLED_STEPS
 from .sgdm import GaLoreSGDM, PlumageSGDM, SGDMomentumBackend
 
 BACKENDS: dict[str, type[Backend]] = {
@@ -207,6 +208,7 @@ __all__ = [
     "Update",
     "build_optimizer",
     "check_max_inv_p",
+    "SAMPLED_STEPS",
     "describe_routing",
     "list_optimizers",
     "optimizer_class",

@@ -74,7 +74,7 @@ class AdafactorBackend(Backend):
                         f"for 2-D weights, got shape {tuple(param.shape)}: use realign='m' or 'none' for it"
                     )
 
-    def update(self, state, grad, group, param):
+    def update(self, state, grad, group, param, rows=None):
         grad = grad.float()
         factored = grad.dim() >= 2
         if "RMS" not in state:

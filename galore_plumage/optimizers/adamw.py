@@ -10,14 +10,20 @@ from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_bet
 from .realign import realign_dense
 
 
-def adam_direction(state: dict, grad: torch.Tensor, beta1: float, beta2: float, eps: float) -> torch.Tensor:
-    """Update the moments in place and return M / (√V + ε)."""
+def advance_moments(state: dict, grad: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """M ← β1 M + (1 − β1) G and V ← β2 V + (1 − β2) G², in place (created at zero on first use)."""
     if "exp_avg" not in state:
         state["exp_avg"] = torch.zeros_like(grad)
         state["exp_avg_sq"] = torch.zeros_like(grad)
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
     exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+    return exp_avg, exp_avg_sq
+
+
+def adam_direction(state: dict, grad: torch.Tensor, beta1: float, beta2: float, eps: float) -> torch.Tensor:
+    """Update the moments in place and return M / (√V + ε)."""
+    exp_avg, exp_avg_sq = advance_moments(state, grad, beta1, beta2)
     return exp_avg / exp_avg_sq.sqrt().add_(eps)
 
 
@@ -29,18 +35,61 @@ class AdamWBackend(Backend):
         check_non_negative(group, "lr", "eps", "weight_decay")
         check_betas(group["betas"])
 
-    def update(self, state, grad, group, param):
+    row_bias_correction = True
+
+    def update(self, state, grad, group, param, rows=None):
         beta1, beta2 = group["betas"]
+        decay = group["lr"] * group["weight_decay"]
+        if group.get("row_bias_correction") and rows is not None and group["correct_bias"]:
+            return Update(row_corrected_direction(state, grad, rows, beta1, beta2, group["eps"]), group["lr"], decay)
         direction = adam_direction(state, grad, beta1, beta2, group["eps"])
         step_size = group["lr"]
         if group["correct_bias"]:
             step = state["step"]
             step_size *= math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-        return Update(direction, step_size, group["lr"] * group["weight_decay"])
+        return Update(direction, step_size, decay)
 
     def realign(self, state, projector, rule):
         if "exp_avg" in state:
             state["exp_avg"], state["exp_avg_sq"] = realign_dense(state["exp_avg"], state["exp_avg_sq"], projector, rule)
+        if "row_bias1" in state and rule != "none":
+            # a row's bias-correction weight travels like its moment: what a new row inherits from the old ones
+            (mode,) = projector.transition
+            state["row_bias1"] = _along_rows(projector.transport(_as_rows(state["row_bias1"], mode), squared=True))
+            if rule != "m":
+                state["row_bias2"] = _along_rows(projector.transport(_as_rows(state["row_bias2"], mode), squared=True))
+
+
+def row_corrected_direction(state: dict, grad: torch.Tensor, rows: int, beta1: float, beta2: float,
+                            eps: float) -> torch.Tensor:
+    """Adam's direction with each basis row bias-corrected by its own weight c_i instead of the global 1 − β^t.
+
+    c ← β c + (1 − β) every step, and c ← (B∘B) c at a refresh, so a row of the old basis keeps c = 1 − β^t while a
+    direction that just entered (near-zero transported M and V) starts from c ≈ 0: its first direction is
+    m̂/√v̂ ≈ ±1 instead of (1 − β1)/√(1 − β2) ≈ 3.2 with the global correction.
+    """
+    if "row_bias1" not in state:
+        state["row_bias1"] = grad.new_zeros(grad.shape[rows])
+        state["row_bias2"] = grad.new_zeros(grad.shape[rows])
+    bias1, bias2 = state["row_bias1"], state["row_bias2"]
+    bias1.mul_(beta1).add_(1.0 - beta1)
+    bias2.mul_(beta2).add_(1.0 - beta2)
+    exp_avg, exp_avg_sq = advance_moments(state, grad, beta1, beta2)
+    shape = [1] * grad.dim()
+    shape[rows] = -1
+    tiny = torch.finfo(bias1.dtype).tiny
+    m_hat = exp_avg / bias1.clamp_min(tiny).view(shape)
+    v_hat = exp_avg_sq / bias2.clamp_min(tiny).view(shape)
+    return m_hat / v_hat.sqrt().add_(eps)
+
+
+def _as_rows(vector: torch.Tensor, mode: int) -> torch.Tensor:
+    """A per-row vector as a 2-D tensor whose axis `mode` is the rows, so the projector can transport it."""
+    return vector.view(-1, 1) if mode == 0 else vector.view(1, -1)
+
+
+def _along_rows(matrix: torch.Tensor) -> torch.Tensor:
+    return matrix.reshape(-1)
 
 
 class GaLoreAdamW(LowRankOptimizer):

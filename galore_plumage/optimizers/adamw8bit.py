@@ -85,7 +85,7 @@ class AdamW8bitBackend(Backend):
                 weight_decay=weight_decay, **common,
             )
 
-    def update(self, state, grad, group, param):
+    def update(self, state, grad, group, param, rows=None):
         grad = grad.float().contiguous()
         if "state1" not in state:
             self._init(state, grad, group)

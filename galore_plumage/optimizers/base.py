@@ -28,6 +28,7 @@ except ImportError:  # pragma: no cover
 
 from ..projectors import Projector, build_projector, projector_spec
 from .realign import check_rule
+from .sampled_step import check_sampled_step, norm_matched
 
 PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "scale": 1.0}
 
@@ -43,7 +44,14 @@ LOW_RANK_DEFAULTS: dict[str, Any] = {
     "stagger": False,  # spread refreshes over the interval so the SVDs do not all land on one step
     "solver": "svd",  # "gram": singular vectors from eigh of the smaller Gram matrix (see projectors.base.SOLVERS)
     "max_inv_p": None,  # PLUMAGE only: cap each 1/p at this (biased, bounded steps; None = the paper's estimator)
+    "sampled_step": "adaptive",  # how PLUMAGE's sampled (p < 1) rows move: see optimizers/sampled_step.py
+    "row_bias_correction": False,  # AdamW: bias-correct each basis row by its own age (rows entering at a refresh)
 }
+
+# Keys added after the first release, with the value that reproduces a run written before them: a checkpoint
+# without the key resumes as it was trained, not with today's (possibly different) class default.
+BEFORE_THE_KEY: dict[str, Any] = {"solver": "svd", "max_inv_p": None, "sampled_step": "adaptive",
+                                  "row_bias_correction": False}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:
@@ -68,8 +76,12 @@ class Backend:
     def validate(self, group: dict) -> None:
         """Raise ValueError naming any bad hyper-parameter of `group`."""
 
-    def update(self, state: dict, grad: torch.Tensor, group: dict, param: torch.Tensor) -> Update:
-        """Advance the moments in `state` with `grad` (state["step"] already counts this step)."""
+    row_bias_correction: ClassVar[bool] = False  # True: can bias-correct each basis row by its own age
+
+    def update(self, state: dict, grad: torch.Tensor, group: dict, param: torch.Tensor,
+               rows: int | None = None) -> Update:
+        """Advance the moments in `state` with `grad` (state["step"] already counts this step). `rows`: the axis of a
+        low-rank `grad` that indexes the basis vectors (None for a full-rank one)."""
         raise NotImplementedError
 
     def realign(self, state: dict, projector: Projector, rule: str) -> None:
@@ -78,6 +90,18 @@ class Backend:
 
     def full_step(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:
         apply_update(param, self.update(state, grad, group, param), None, self.decay_first)
+
+
+def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group: dict, param: torch.Tensor,
+                    projector: Projector, total=lambda x: x) -> Update:
+    """The backend's update of a low-rank weight, its sampled rows moved as `group["sampled_step"]` says."""
+    modes = tuple(projector.factors)
+    update = backend.update(state, low_grad, group, param, rows=modes[0] if len(modes) == 1 else None)
+    if group["sampled_step"] == "norm_matched" and projector.inv_p is not None:
+        (mode,) = modes
+        direction = norm_matched(update.direction, low_grad, projector.inv_p, mode, state, total)
+        update = update._replace(direction=direction)
+    return update
 
 
 def apply_update(param: torch.Tensor, update: Update, projector: Projector | None, decay_first: bool) -> None:
@@ -107,7 +131,7 @@ class LowRankOptimizer(Optimizer):
 
     Subclasses fix `backend` and may change the low-rank defaults (`class_defaults`); any option can also
     be set per group: rank, update_proj_gap, scale, proj_type, projector, realign, adaptive_interval,
-    tau_max, seed, stagger, solver, max_inv_p.
+    tau_max, seed, stagger, solver, max_inv_p, sampled_step, row_bias_correction.
     """
 
     backend: ClassVar[Backend]
@@ -124,6 +148,9 @@ class LowRankOptimizer(Optimizer):
         self._projectors: dict[torch.Tensor, Projector] = {}
         self._indices: dict[torch.Tensor, int] = {}
         self._sharding = None  # optimizers.sharded.Sharding once a DTensor (FSDP2) parameter is added
+        # diagnostics: each is called as observe(param, projector, update, state, refreshed) after a low-rank
+        # weight's update is computed and before it is applied (benchmarks/step_anatomy.py); empty in training
+        self.step_observers: list = []
         super().__init__(params, {**known, **self.class_defaults, **options})
 
     # ----------------------------------------------------------------- groups
@@ -142,10 +169,17 @@ class LowRankOptimizer(Optimizer):
         if self._sharding is not None:
             self._sharding.validate_group(group, len(self.param_groups) - 1)
 
-    @staticmethod
-    def _validate_low_rank(group: dict, index: int) -> None:
-        spec = projector_spec(group["projector"])  # unknown names fail here, listing the choices
+    def _validate_low_rank(self, group: dict, index: int) -> None:
+        spec, backend = projector_spec(group["projector"]), self.backend  # unknown names fail here, listing the choices
         check_rule(group["realign"])
+        check_sampled_step(group["sampled_step"])
+        if not isinstance(group["row_bias_correction"], bool):
+            raise ValueError(f"row_bias_correction must be True or False, got {group['row_bias_correction']!r}")
+        if group["row_bias_correction"] and (not backend.row_bias_correction or spec.tensors or
+                                             group["proj_type"] == "full"):
+            raise ValueError(f"row_bias_correction=True (low-rank group {index}) needs the adamw backend and a one-sided "
+                             f"projection; got backend {backend.name!r}, projector {spec.name!r}, proj_type "
+                             f"{group['proj_type']!r}: drop row_bias_correction")
         # the projector validates rank, gap, scale, proj_type, tau_max, solver, max_inv_p
         build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):
@@ -183,12 +217,19 @@ class LowRankOptimizer(Optimizer):
             self.backend.full_step(param, grad, group, state)
             return
         projector = self.projector_for(param, group)
+        refreshed = False
         if low_grad is None:
-            if projector.due(state["step"]) and not self._refresh(param, projector, grad, group, state):
-                return
+            if projector.due(state["step"]):
+                count = projector.refresh_count
+                if not self._refresh(param, projector, grad, group, state):
+                    return
+                refreshed = projector.refresh_count > count
             low_grad = projector.project(grad)
         state["step"] += 1
-        apply_update(param, self.backend.update(state, low_grad, group, param), projector, self.backend.decay_first)
+        update = low_rank_update(self.backend, state, low_grad, group, param, projector)
+        for observe in self.step_observers:
+            observe(param, projector, update, state, refreshed)
+        apply_update(param, update, projector, self.backend.decay_first)
 
     def _refresh(self, param, projector: Projector, grad, group, state) -> bool:
         """Refresh and realign; False when there is nothing sound to apply this step."""
@@ -240,9 +281,9 @@ class LowRankOptimizer(Optimizer):
             state_dict = self._sharding.unwrap_state_dict(state_dict)
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         super().load_state_dict(state_dict)
-        for group in self.param_groups:  # a checkpoint from before a group key existed gets its default
+        for group in self.param_groups:  # a checkpoint from before a group key existed runs as it was written
             for key in LOW_RANK_DEFAULTS.keys() & self.defaults.keys():
-                group.setdefault(key, self.defaults[key])
+                group.setdefault(key, BEFORE_THE_KEY.get(key, self.defaults[key]))
         params = [p for group in self.param_groups for p in group["params"]]
         for saved_id, param in zip(saved_ids, params, strict=True):
             if saved_id in state_dict["state"]:

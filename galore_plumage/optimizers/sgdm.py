@@ -18,7 +18,7 @@ class SGDMomentumBackend(Backend):
         if not 0.0 <= group["momentum"] < 1.0:
             raise ValueError(f"Invalid momentum value: {group['momentum']} - should be in [0.0, 1.0)")
 
-    def update(self, state, grad, group, param):
+    def update(self, state, grad, group, param, rows=None):
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = grad.clone()
         else:

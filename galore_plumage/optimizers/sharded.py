@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from ..projectors import build_projector, projected_modes, projector_spec, refre
 from ..projectors.svd import Singular, eigh_gram
 from .adafactor import AdafactorBackend
 from .adamw8bit import BLOCKSIZE
-from .base import Backend, apply_update, projector_options
+from .base import Backend, apply_update, low_rank_update, projector_options
 
 # state tensors whose dim 0 is the weight's (sharded) rows; absmax (8-bit) is one block list per rank
 ROW_KEYS = {
@@ -109,6 +110,9 @@ class Sharding:
         if not (spec.cls.from_spectrum or not spec.cls.stores_factors):
             raise ValueError(f"projector {spec.name!r} cannot refresh from sharded gradients (it needs the full "
                              "gradient); use 'svd', 'plumage' or 'random' for FSDP2-sharded weights")
+        if group["row_bias_correction"]:
+            raise ValueError("row_bias_correction=True is not supported on FSDP2-sharded weights yet (its per-row "
+                             "state is not laid out for sharded checkpoints); drop it or run without --fsdp")
         if group["proj_type"] in ("left", "full"):
             raise ValueError(f"proj_type={group['proj_type']!r} projects the left side, which needs the rows of every "
                              "shard (G Gᵀ); FSDP2-sharded weights are projected on the right: use 'right' or 'std'")
@@ -171,7 +175,8 @@ class Sharding:
         low = projector.project(shard)
         state["step"] += 1
         group = self._group_for(group, param.shape[0] * low.shape[1])
-        apply_update(weight, backend.update(state, low, group, weight), projector, backend.decay_first)
+        update = low_rank_update(backend, state, low, group, weight, projector, total=partial(_all_reduced, param))
+        apply_update(weight, update, projector, backend.decay_first)
 
     def _group_for(self, group: dict, global_numel: int) -> dict:
         """8-bit's min_8bit_size is decided on the whole tensor, so every rank keeps the same state layout."""
@@ -293,6 +298,13 @@ def refresh_from_shards(projector, shard: torch.Tensor, shape: tuple[int, int], 
         return False
     projector.install(basis, tuple(shape), ranks, step)
     return True
+
+
+def _all_reduced(param: DTensor, value: torch.Tensor) -> torch.Tensor:
+    """The sum over ranks of a shard-local partial sum (e.g. a squared norm)."""
+    value = value.clone()
+    dist.all_reduce(value, group=process_group(param))
+    return value
 
 
 def _install_placeholder_basis(projector, shape: tuple[int, int], like: torch.Tensor) -> None:

@@ -138,7 +138,7 @@ class Projector:
         self.adaptive_interval, self.tau_min, self.tau_max = bool(adaptive_interval), update_proj_gap, tau_max
         self.tau = update_proj_gap
         self.solver = solver
-        self.max_inv_p = None if max_inv_p is None else float(max_inv_p)
+        self.max_inv_p = None if max_inv_p is None or max_inv_p == math.inf else float(max_inv_p)  # inf: no cap
         self.shape: tuple[int, ...] | None = None
         self._rank_per_mode: dict[int, int] = {}
         self.factors: dict[int, torch.Tensor] = {}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from ..optimizers import RULES, LayerwiseOptimizer, check_max_inv_p, list_optimizers, optimizer_spec
+from ..optimizers import RULES, SAMPLED_STEPS, LayerwiseOptimizer, check_max_inv_p, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES, SOLVERS
 
@@ -23,6 +23,16 @@ SCHEDULERS = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16")
 BUNDLED = "shakespeare"
 DEFAULT_TOKENIZER = "bpe"
+
+
+def parse_cap(text: str) -> float:
+    """--max_inv_p: a number >= 1, or 'none'/'inf' for no cap (the paper's estimator)."""
+    if str(text).strip().lower() in ("none", "inf"):
+        return math.inf
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--max_inv_p {text!r}: expected a number >= 1 or 'none'") from None
 
 
 def _flag(default, help: str, **argparse_options):
@@ -85,7 +95,14 @@ class TrainConfig:
     solver: str = _flag("svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, as "
                                "galore-torch) or 'gram' (eigh of the smaller Gram matrix: faster)", choices=SOLVERS)
     max_inv_p: float = _flag(None, "plumage only: cap each 1/p rescale at this (>= 1): biased, but no sampled direction "
-                                   "steps more than this many times a kept one; default no cap (the paper's estimator)")
+                                   "steps more than this many times a kept one; 'none' = no cap (the paper's "
+                                   "estimator); default: the optimizer's", type=lambda text: parse_cap(text))
+    sampled_step: str = _flag(None, "plumage only: how sampled rows move: 'adaptive' (the paper: the backend's "
+                                    "normalized step, then 1/p) or 'norm_matched' (their raw gradient scaled to the "
+                                    "kept rows' step); default: the optimizer's", choices=SAMPLED_STEPS)
+    row_bias_correction: bool = _flag(None, "adamw low-rank only: bias-correct each basis row by its own age, so a "
+                                            "direction entering at a refresh starts at Adam's step size; default: the "
+                                            "optimizer's", action=argparse.BooleanOptionalAction)
     # --- evaluation, checkpoints, logging
     eval_every: int = _flag(5_000, "evaluate every this many updates (and at the end)")
     save_every: int = _flag(10_000, "checkpoint every this many updates (and at the end)")

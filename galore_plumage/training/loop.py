@@ -100,7 +100,20 @@ def optimizer_options(config: TrainConfig) -> dict:
     options["solver"] = config.solver
     if config.max_inv_p is not None:
         options["max_inv_p"] = config.max_inv_p
+    if config.sampled_step is not None:
+        options["sampled_step"] = config.sampled_step
+    if config.row_bias_correction is not None:
+        options["row_bias_correction"] = config.row_bias_correction
     return options
+
+
+def make_optimizer(config: TrainConfig, model: torch.nn.Module):
+    """The run's optimizer over `model`, from the command line's optimizer flags."""
+    return build_optimizer(
+        config.optimizer, model, rank=config.rank, update_proj_gap=config.update_proj_gap, scale=config.galore_scale,
+        proj_type=config.proj_type, projector=config.projector, realign=config.realign,
+        accumulation_steps=config.gradient_accumulation, grad_clipping=config.grad_clipping, **optimizer_options(config),
+    )
 
 
 @torch.no_grad()
@@ -152,11 +165,7 @@ def train(config: TrainConfig, context: Dist) -> dict:
         ensure_process_group(context)
         shard_model(model)
 
-    optimizer = build_optimizer(
-        config.optimizer, model, rank=config.rank, update_proj_gap=config.update_proj_gap, scale=config.galore_scale,
-        proj_type=config.proj_type, projector=config.projector, realign=config.realign,
-        accumulation_steps=config.gradient_accumulation, grad_clipping=config.grad_clipping, **optimizer_options(config),
-    )
+    optimizer = make_optimizer(config, model)
     inner = getattr(optimizer, "optimizer", optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
     scheduler = build_scheduler(inner, config.scheduler, config.warmup_steps, config.num_training_steps,
                                 config.min_lr_ratio)

@@ -1,0 +1,196 @@
+"""The fair pretraining protocol: every arm at its own best lr, then several seeds at that lr, paired against GaLore.
+
+    OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs 2          # sweep, seeds, docs/protocol_compare.md
+    python benchmarks/pretrain_protocol.py --report-only                     # redraw from finished runs
+    python benchmarks/pretrain_protocol.py --arms adamw,galore_recipe         # a subset of arms
+
+1. Sweep: each arm runs seed `--sweep_seed` at every lr of its grid (the same lr on every param group of that
+   arm; each arm's projected-back scale as its method documents it: GaLore's published 0.25, PLUMAGE's 1.0).
+   The arm's lr is the one with the lowest final eval loss; a run that stops on a non-finite loss counts as +inf.
+2. Seeds: the arm runs every seed of `--seeds` at that lr.
+3. Report: per arm the per-seed final eval losses, mean ± sample standard deviation, the largest rise between
+   two consecutive evaluations (a divergence shows as a jump), and the paired difference to the reference arm
+   (GaLore's published recipe) with its paired t statistic.
+
+Every run is one torchrun_main.py process of llama_tiny on the bundled corpus; all arms share model, data order
+(per seed), warmup, cosine schedule, rank and refresh interval. Finished runs are reused (run_cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from plot_runs import load_run, plot_losses  # noqa: E402
+from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
+
+LRS = (1e-3, 3e-3, 1e-2)
+# label -> (optimizer, extra flags, lr grid). Scale is each method's documented one; PLUMAGE arms name theirs.
+ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
+    "adamw": ("adamw", [], LRS),
+    "galore_recipe": ("galore_adamw", ["--galore_scale", "0.25"], (3e-3, 1e-2, 3e-2)),
+    "galore_scale1": ("galore_adamw", ["--galore_scale", "1.0"], LRS),
+    "plumage_paper": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "none"],
+                      LRS),
+    "plumage_cap3": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "3"],
+                     LRS),
+    "plumage_norm_matched": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "norm_matched",
+                                               "--max_inv_p", "none"], LRS),
+    "plumage_row_age": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "none",
+                                          "--row_bias_correction"], LRS),
+}
+REFERENCE = "galore_recipe"
+
+
+def command_for(optimizer: str, extra: list[str], seed: int, lr: float, args, save_dir: Path) -> list[str]:
+    return [
+        sys.executable, str(ROOT / "torchrun_main.py"), "--optimizer", optimizer, *extra,
+        "--model_config", args.model_config, "--lr", str(lr),
+        "--batch_size", str(args.batch_size), "--max_length", str(args.max_length),
+        "--num_training_steps", str(args.steps), "--warmup_steps", str(max(1, args.steps // 10)),
+        "--eval_every", str(args.eval_every), "--save_every", str(args.steps), "--rank", str(args.rank),
+        "--update_proj_gap", str(args.update_proj_gap), "--seed", str(seed), "--eval_tokens", str(args.eval_tokens),
+        "--save_dir", str(save_dir), "--no-progress",
+    ]
+
+
+def run_dir(args, label: str, lr: float, seed: int) -> Path:
+    return ROOT / args.runs / label / f"lr{lr:g}" / f"seed{seed}"
+
+
+def _evals(save_dir: Path) -> list[float] | None:
+    """The eval losses of a finished run, in order; None when it has not finished."""
+    if not (save_dir / "metrics.jsonl").exists():
+        return None
+    records = load_run(save_dir)[1]
+    if not any(r["type"] == "summary" for r in records):
+        return None
+    return [r["eval_loss"] for r in records if r["type"] == "eval"]
+
+
+def _diverged(save_dir: Path) -> list[float] | None:
+    marker = save_dir / "diverged"
+    return [math.inf] if marker.exists() else None
+
+
+def ensure(args, label: str, lr: float, seed: int) -> list[float] | None:
+    """The eval curve of one run (running it unless finished); [inf] for a run that stopped on a non-finite loss."""
+    optimizer, extra, _ = ARMS[label]
+    save_dir = run_dir(args, label, lr, seed)
+    if _diverged(save_dir) is not None:
+        return [math.inf]
+    command = command_for(optimizer, extra, seed, lr, args, save_dir)
+    try:
+        return run_or_reuse(command, save_dir, _evals, f"{label} lr {lr:g} seed {seed}", report_only=args.report_only)
+    except subprocess.CalledProcessError:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        (save_dir / "diverged").write_text(" ".join(command[1:]))
+        return [math.inf]
+
+
+def max_rise(curve: list[float]) -> float:
+    """The largest increase of the eval loss between two consecutive evaluations (0 for a monotone curve)."""
+    return max([0.0] + [b - a for a, b in zip(curve, curve[1:], strict=False)])
+
+
+def paired(reference: list[float], arm: list[float]) -> str:
+    """mean of (L_ref − L_arm) over seeds and its paired t; positive = the arm is better."""
+    diffs = [r - a for r, a in zip(reference, arm, strict=True)]
+    mean = statistics.fmean(diffs)
+    if len(diffs) < 2 or not all(math.isfinite(d) for d in diffs):
+        return f"{mean:+.4f}"
+    sd = statistics.stdev(diffs)
+    t = mean / (sd / math.sqrt(len(diffs))) if sd > 0 else math.inf
+    return f"{mean:+.4f} (t = {t:.1f}; " + ", ".join(f"{d:+.3f}" for d in diffs) + ")"
+
+
+def fmt(value: float) -> str:
+    return "diverged" if not math.isfinite(value) else f"{value:.4f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS), help="comma-separated arm labels")
+    parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
+    parser.add_argument("--sweep_seed", type=int, default=0)
+    parser.add_argument("--model_config", default="configs/llama_tiny.json")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--max_length", type=int, default=64)
+    parser.add_argument("--rank", type=int, default=64)
+    parser.add_argument("--update_proj_gap", type=int, default=40)
+    parser.add_argument("--eval_every", type=int, default=50)
+    parser.add_argument("--eval_tokens", type=int, default=20_000)
+    parser.add_argument("--runs", default="runs/protocol")
+    parser.add_argument("--out", default="docs")
+    parser.add_argument("--name", default="protocol")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (set OMP_NUM_THREADS so they share the CPU)")
+    parser.add_argument("--sweep-only", action="store_true", help="stop after the lr sweep")
+    parser.add_argument("--report-only", action="store_true", help="only redraw from finished runs")
+    args = parser.parse_args()
+    unknown = [a for a in args.arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
+
+    with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process; threads only wait on them
+        sweep_jobs = [(label, lr, args.sweep_seed) for label in args.arms for lr in ARMS[label][2]]
+        sweep = dict(zip(sweep_jobs, pool.map(lambda job: ensure(args, *job), sweep_jobs), strict=True))
+        best = {}
+        for label in args.arms:
+            finished = {lr: sweep[(label, lr, args.sweep_seed)] for lr in ARMS[label][2]
+                        if sweep[(label, lr, args.sweep_seed)] is not None}
+            if finished:
+                best[label] = min(finished, key=lambda lr, f=finished: f[lr][-1])
+        seed_jobs = [] if args.sweep_only else [(label, best[label], s) for label in best for s in args.seeds]
+        curves = dict(zip(seed_jobs, pool.map(lambda job: ensure(args, *job), seed_jobs), strict=True))
+
+    lines = [f"# Fair pretraining protocol ({Path(args.model_config).stem}, bundled corpus, {args.steps} updates)", "",
+             f"Command: `OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs 2 --arms {','.join(args.arms)} "
+             f"--seeds {','.join(map(str, args.seeds))} --steps {args.steps} --rank {args.rank} "
+             f"--update_proj_gap {args.update_proj_gap}`", "",
+             f"## 1. lr sweep (seed {args.sweep_seed}; final eval loss)", "", "| arm | flags | lr: eval loss |", "|---|---|---|"]
+    for label in args.arms:
+        optimizer, extra, lrs = ARMS[label]
+        cells = ", ".join(f"{lr:g}: " + ("—" if sweep[(label, lr, args.sweep_seed)] is None
+                                         else fmt(sweep[(label, lr, args.sweep_seed)][-1])) for lr in lrs)
+        lines.append(f"| {label} | `{' '.join([optimizer, *extra])}` | {cells} |")
+    finals = {label: [curves.get((label, best[label], s)) for s in args.seeds] for label in best}
+    finals = {label: runs for label, runs in finals.items() if None not in runs}
+    lines += ["", f"## 2. Seeds {','.join(map(str, args.seeds))} at each arm's best lr", "",
+              f"Paired difference: L_{REFERENCE} − L_arm per seed (positive = better than {REFERENCE}), with its "
+              "paired t statistic. Largest rise: the largest increase between consecutive evaluations of any seed.", "",
+              "| arm | lr | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean ± sd | largest rise | "
+              f"vs {REFERENCE} |", "|---|---:|" + "---:|" * (len(args.seeds) + 3)]
+    for label, runs in finals.items():
+        last = [run[-1] for run in runs]
+        finite = all(math.isfinite(v) for v in last)
+        sd = statistics.stdev(last) if finite and len(last) > 1 else math.nan
+        mean = f"{statistics.fmean(last):.4f} ± {sd:.4f}" if finite else "diverged"
+        rise = max(max_rise(run) for run in runs) if finite else math.inf
+        versus = paired([r[-1] for r in finals[REFERENCE]], last) if REFERENCE in finals and label != REFERENCE else ""
+        lines.append(f"| {label} | {best[label]:g} | " + " | ".join(fmt(v) for v in last) +
+                     f" | {mean} | {fmt(rise)} | {versus} |")
+    out = ROOT / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    if finals:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        plot_losses([(f"{label} lr {best[label]:g}", load_run(run_dir(args, label, best[label], args.seeds[0]))[1])
+                     for label, runs in finals.items() if math.isfinite(runs[0][-1])],
+                    out / f"{args.name}_loss.png", log_scale=False, window=10)
+        lines += ["", f"![eval and train loss, seed {args.seeds[0]}]({args.name}_loss.png)"]
+    text = "\n".join(lines) + "\n"
+    (out / f"{args.name}_compare.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

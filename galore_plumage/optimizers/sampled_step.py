@@ -1,0 +1,60 @@
+"""How the sampled rows of a PLUMAGE step move: the paper's adaptive step, or a norm-matched raw gradient.
+
+PLUMAGE keeps the r* top directions of a refresh (p = 1) and samples the rest with p < 1, rescaled by 1/p in
+project_back. The rules for the low-rank direction Z that project_back receives (R = the projected gradient):
+
+    adaptive       Z = the backend's update on every row (the paper). Under Adam every coordinate of Z is O(1),
+                   so a sampled row moves 1/p times as far as a kept one whatever its gradient: with p = 0.02 it
+                   moves 50x as far, in the same direction, for the whole refresh interval.
+    norm_matched   kept rows: the backend's update; sampled rows: φ ⊙ R, where φ = ‖Z_kept‖ / ‖R_kept‖ is measured
+                   per column of the other side (Fira's norm-based scaling, arXiv 2410.01623). A sampled row then
+                   moves in proportion to its own gradient, at the step size Adam gives the kept ones, and
+                   E[P D⁻¹ (φ ⊙ R)] = φ ⊙ (the gradient's component outside the kept rows): unbiased up to φ.
+                   A norm-growth limiter (Fira's) keeps ‖D⁻¹ Z_sampled‖ within 1.01x its previous value.
+
+With no kept row (r* = 0), φ is measured on all rows. Projectors that do not sample (svd, random) have no
+sampled rows, and every rule is the backend's update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+SAMPLED_STEPS = ("adaptive", "norm_matched")
+NORM_GROWTH_LIMIT = 1.01  # Fira's γ: the sampled part's norm may grow by at most 1 % a step
+
+
+def check_sampled_step(rule) -> str:
+    if rule not in SAMPLED_STEPS:
+        raise ValueError(f"unknown sampled_step {rule!r}; choose one of {', '.join(SAMPLED_STEPS)}")
+    return rule
+
+
+def norm_matched(direction: torch.Tensor, low_grad: torch.Tensor, inv_p: torch.Tensor, mode: int, state: dict,
+                 total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> torch.Tensor:
+    """Z with its sampled rows (inv_p != 1, along axis `mode`) replaced by φ ⊙ R, limited in norm growth.
+
+    `state["sampled_norm"]` keeps the previous ‖D⁻¹ Z_sampled‖ for the limiter. `total` sums a squared norm over
+    the pieces of a sharded tensor (identity for a whole one), so every shard scales alike.
+    """
+    sampled = inv_p != 1
+    if not bool(sampled.any()):
+        return direction
+    shape = [1] * direction.dim()
+    shape[mode] = -1
+    reference = (~sampled if bool((~sampled).any()) else torch.ones_like(sampled)).view(shape)
+    z_norm = (direction * reference).norm(dim=mode, keepdim=True)
+    r_norm = (low_grad * reference).norm(dim=mode, keepdim=True)
+    phi = z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny)
+    mask = sampled.view(shape)
+    tail = low_grad * phi * mask
+    size = total((tail * inv_p.view(shape).to(tail.dtype)).square().sum()).sqrt()
+    previous = state.get("sampled_norm")
+    if previous is not None:  # tensor ops only: no host synchronisation in a steady step
+        limit = NORM_GROWTH_LIMIT * previous.to(size)
+        factor = torch.where((limit > 0) & (size > limit), limit / size, torch.ones_like(size))
+        tail, size = tail * factor, size * factor
+    state["sampled_norm"] = size.detach().reshape(())
+    return torch.where(mask, tail, direction)

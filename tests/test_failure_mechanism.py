@@ -1,0 +1,72 @@
+"""Why the paper's PLUMAGE-AdamW fails, on a hand-built gradient, and that the default keeps the step bounded.
+
+A weight whose gradient has three strong directions and a long, decaying tail, fed the same gradient for one
+refresh interval. Adam normalizes every low-rank coordinate to about ±1 before D⁻¹ multiplies it by 1/p, so under
+the paper's estimator a sampled row moves 1/p times as far as a kept row, in the same direction, on every update of
+the interval: the whole step grows many times larger than GaLore's top-r step on the same gradient. The default
+(sampled rows moved by their own gradient at the kept rows' step size) keeps each sampled row no larger than a kept
+one and the whole step within GaLore's.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from galore_plumage import GaLoreAdamW, PlumageAdamW
+
+M, N, K, STEPS = 64, 256, 8, 10
+SIGMA = [1.0, 0.8, 0.6] + [0.01 * (1 - i / 200) for i in range(61)]  # r* = 3 at k = 8; every sampled 1/p is ~11
+PAPER = {"sampled_step": "adaptive", "max_inv_p": None, "row_bias_correction": False}
+
+
+def _run(cls, grad, **options):
+    """Per update: (‖ΔW‖, per-row step norms, 1/p) of one interval on the constant gradient `grad`."""
+    weight = nn.Parameter(torch.zeros(M, N))
+    optimizer = cls([{"params": [weight], "rank": K, "update_proj_gap": STEPS}], lr=1e-3, **options)
+    rows = []
+
+    def observe(param, projector, update, state, refreshed):
+        (mode,) = projector.factors
+        assert mode == 0  # std projection of a wide matrix: the left side, rows of Pᵀ G
+        inv_p = projector.inv_p if projector.inv_p is not None else torch.ones(K)
+        rows.append((update.direction.norm(dim=1) * abs(update.step_size) * inv_p, inv_p))
+
+    optimizer.step_observers.append(observe)
+    steps = []
+    for _ in range(STEPS):
+        before = weight.detach().clone()
+        weight.grad = grad.clone()
+        optimizer.step()
+        steps.append((weight.detach() - before).norm().item())
+    return steps, rows
+
+
+@pytest.fixture(scope="module")
+def runs(spectral_matrix):
+    grad, *_ = spectral_matrix(M, N, SIGMA, seed=0, dtype=torch.float32)
+    return {"galore": _run(GaLoreAdamW, grad), "paper": _run(PlumageAdamW, grad, **PAPER),
+            "default": _run(PlumageAdamW, grad)}
+
+
+def test_under_the_paper_a_sampled_row_moves_one_over_p_times_as_far_as_a_kept_row(runs):
+    _, rows = runs["paper"]
+    for norms, inv_p in rows:  # a constant gradient: Adam's |Z| is the same on every coordinate, up to ε
+        kept = norms[inv_p == 1].mean()
+        ratio = norms[inv_p > 1] / kept
+        torch.testing.assert_close(ratio, inv_p[inv_p > 1], rtol=0.15, atol=0)  # ε shaves the smallest coordinates
+    assert rows[-1][1].max() > 10  # some sampled row moves over ten times as far as a kept one
+
+
+def test_the_paper_step_is_many_times_galores_and_the_default_stays_within_it(runs):
+    galore = max(runs["galore"][0])
+    assert max(runs["paper"][0]) > 5 * galore
+    assert max(runs["default"][0]) <= galore
+
+
+def test_under_the_default_no_sampled_row_moves_further_than_a_kept_row(runs):
+    _, rows = runs["default"]
+    for norms, inv_p in rows:
+        assert (inv_p > 1).any()
+        assert norms[inv_p > 1].max() <= norms[inv_p == 1].min()
