@@ -43,6 +43,9 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                      LRS),
     "plumage_norm_matched": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "norm_matched",
                                                "--max_inv_p", "none"], LRS),
+    # GaLore's recipe (scale 0.25 on the projected update, the lr on every group) with the norm-matched sampled step
+    "plumage_norm_matched_recipe": ("plumage_adamw", ["--galore_scale", "0.25", "--sampled_step", "norm_matched",
+                                                      "--max_inv_p", "none"], (3e-3, 1e-2, 3e-2)),
     "plumage_row_age": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "none",
                                           "--row_bias_correction"], LRS),
 }

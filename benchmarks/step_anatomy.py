@@ -138,6 +138,10 @@ def summarize(records: list[dict], eval_loss: float, train_loss: float) -> dict:
     }
 
 
+def _two(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS))
@@ -158,11 +162,10 @@ def main() -> None:
     rows = []
     for label in args.arms:
         s = run_arm(label, ARMS[label], args)
-        fmt = (lambda v: "—" if v is None else f"{v:.2f}")
         first = ", ".join(f"{w.removeprefix('model.').removesuffix('.weight')} @ {u}" for u, w in s["blow_ups"]) or "none"
         rows.append(f"| {label} | `{' '.join(ARMS[label])}` | {s['eval_loss']:.4f} | {s['train_loss']:.4f} | "
                     f"{100 * s['share_within']:.0f} % | {100 * s['share_at_refresh']:.0f} % | {s['median_step']:.2e} | "
-                    f"{s['max_step']:.2e} | {fmt(s['entering'])} | {fmt(s['staying'])} | "
+                    f"{s['max_step']:.2e} | {_two(s['entering'])} | {_two(s['staying'])} | "
                     f"{s['blow_up_count']} of {s['weights']}: {first} |")
         print(rows[-1], flush=True)
     text = "\n".join([

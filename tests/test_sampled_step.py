@@ -129,3 +129,21 @@ def _train_one(optimizer):
     (param,) = optimizer.param_groups[0]["params"]
     param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(5))
     optimizer.step()
+
+
+def test_a_refresh_restarts_the_limiter_so_new_rows_are_not_held_to_the_old_norm():
+    """A near-zero last norm holds the sampled part near zero inside an interval, but not past a refresh."""
+    model = _linear_model()
+    optimizer = PlumageAdamW([{"params": [model.weight], "rank": 4, "update_proj_gap": 3}], lr=1e-2,
+                             sampled_step="norm_matched", max_inv_p=None)
+    generator = torch.Generator().manual_seed(6)
+    state, tiny = optimizer.state[model.weight], torch.tensor(1e-12)
+    norms = []
+    for step in range(5):  # refreshes at steps 0 and 3
+        model.weight.grad = torch.randn(model.weight.shape, generator=generator)
+        if step in (2, 3):
+            state["sampled_norm"] = tiny.clone()
+        optimizer.step()
+        norms.append(state["sampled_norm"].item())
+    assert norms[2] <= NORM_GROWTH_LIMIT * 1e-12 * (1 + 1e-6)  # inside the interval: held by the limiter
+    assert norms[3] > 1e-3  # at the refresh: a new series

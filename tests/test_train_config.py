@@ -51,12 +51,9 @@ GALORE_FLAGS = {
 OUR_FLAGS = {
     "projector": (["--projector", "svd"], "svd"),
     "realign": (["--realign", "mv"], "mv"),
-    "adaptive_interval": (["--adaptive_interval"], True),
-    "tau_max": (["--tau_max", "800"], 800),
     "dataset": (["--dataset", "allenai/c4"], "allenai/c4"),
     "tokenizer": (["--tokenizer", "t5-base"], "t5-base"),
     "stop_at": (["--stop_at", "5"], 5),
-    "solver": (["--solver", "gram"], "gram"),
 }
 
 

@@ -4,8 +4,8 @@ GaLore's meanings are kept so its commands work unchanged: `--enable_galore` tur
 groups, `--lora_r` is the GaLore rank, `--lora_all_modules` projects every attention and MLP linear
 weight instead of the query only, `--galore_scale` defaults to 1.0 as in GaLore's fine-tuning script.
 Our additions: `--optimizer` / `--projector` / `--realign` from the registries (a low-rank name implies
-`--enable_galore`), `--max_inv_p` (PLUMAGE's 1/p cap), and `--peft lora`, a real LoRA baseline, where `--lora_r` is
-LoRA's r.
+`--enable_galore`), the low-rank options of optimizers/options.py (`--max_inv_p`, `--sampled_step`, `--solver`, ...:
+the same flags as torchrun_main.py), and `--peft lora`, a real LoRA baseline, where `--lora_r` is LoRA's r.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..optimizers import RULES, list_optimizers, optimizer_spec
+from ..optimizers import RULES, check_optimizer_options, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
-from ..training.config import add_flags, check_max_inv_p_flag
+from ..training.config import add_flags, add_option_flags, split_options
 from .tasks import OFFLINE_TASK, TASKS
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
@@ -63,8 +63,6 @@ class FinetuneConfig:
     lora_all_modules: bool = _flag(False, "target every attention and MLP linear weight, not only the query")
     projector: str = _flag(None, "override the optimizer's projector", choices=list_projectors())
     realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
-    max_inv_p: float = _flag(None, "plumage only: cap each 1/p rescale at this (>= 1; biased, bounded steps); default "
-                                   "no cap, the paper's estimator")
     # --- LoRA baseline
     peft: str = _flag("none", "'lora': train LoRA adapters (peft) on the target modules instead", choices=PEFT_METHODS)
     lora_alpha: float = _flag(16.0, "LoRA's alpha (the adapter update is scaled by alpha / r)")
@@ -72,6 +70,8 @@ class FinetuneConfig:
     # --- output
     output_dir: str = _flag(None, "metrics.jsonl goes here; default runs/glue-<task>-<method>")
     progress: bool = _flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
+    # the options of optimizers/options.py given on the command line (flags made from that table)
+    low_rank: dict = field(default_factory=dict, metadata={"derived": True})
 
     @property
     def method(self) -> str:
@@ -84,12 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="run_glue.py", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Fine-tune a sequence classifier with a low-rank gradient optimizer (GaLore-compatible flags).",
     )
-    return add_flags(parser, FinetuneConfig)
+    return add_option_flags(add_flags(parser, FinetuneConfig))
 
 
 def parse_config(argv: list[str] | None = None) -> FinetuneConfig:
     """Parse and validate; raises SystemExit (argparse) or ValueError with a message that says what to do."""
-    return resolve(FinetuneConfig(**vars(build_parser().parse_args(argv))))
+    flags, low_rank = split_options(vars(build_parser().parse_args(argv)))
+    return resolve(FinetuneConfig(**flags, low_rank=low_rank))
 
 
 def resolve(config: FinetuneConfig) -> FinetuneConfig:
@@ -125,7 +126,7 @@ def resolve(config: FinetuneConfig) -> FinetuneConfig:
                          f"pick a low-rank name such as galore_{spec.backend} or plumage_{spec.backend}")
     if spec.projector is None and (c.projector is not None or c.realign is not None):
         raise ValueError(f"--projector / --realign need a low-rank optimizer; --optimizer {c.optimizer} is full-rank")
-    check_max_inv_p_flag(c.optimizer, c.projector, c.max_inv_p)
+    check_optimizer_options(c.optimizer, c.projector, c.low_rank)
     if c.output_dir is None:
         c.output_dir = str(Path("runs") / f"glue-{c.task_name}-{c.method}")
     return c

@@ -15,15 +15,18 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..projectors import build_projector, projector_spec
+from ..projectors import projector_spec
 from .adafactor import AdafactorBackend, GaLoreAdafactor, PlumageAdafactor
 from .adamw import AdamWBackend, GaLoreAdamW, PlumageAdamW
 from .adamw8bit import AdamW8bitBackend, GaLoreAdamW8bit, PlumageAdamW8bit
 from .base import LOW_RANK_DEFAULTS, Backend, LowRankOptimizer, Update
 from .layerwise import LayerwiseOptimizer
+from .options import OPTIONS, check_options
 from .realign import RULES
 from .sampled_step import SAMPLED_STEPS
 from .sgdm import GaLoreSGDM, PlumageSGDM, SGDMomentumBackend
+
+OPTION_KEYS = frozenset(option.key for option in OPTIONS)
 
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls for cls in (AdamWBackend, AdamW8bitBackend, AdafactorBackend, SGDMomentumBackend)
@@ -120,17 +123,21 @@ def describe_routing(routes: list[Route], rank: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def check_max_inv_p(name: str, projector: str | None, max_inv_p) -> None:
-    """Refuse a 1/p cap that is malformed or that nothing would apply (a full-rank name, a projector without 1/p).
+def check_optimizer_options(name: str, projector: str | None, options: dict, where: str = "--{key} {value}: ") -> None:
+    """Refuse an option of the table (optimizers/options.py) that is malformed or that optimizer `name` (with
+    `projector` overriding its own) would not apply: a full-rank name, a projector or backend it does not fit.
 
-    Command lines call it while checking their flags, so the error comes before any file is written."""
-    if max_inv_p is None:
-        return
+    Command lines call it while checking their flags, so the error comes before any file is written; `where`
+    prefixes each message (formatted with the option's key and value)."""
     spec = optimizer_spec(name)
-    if spec.projector is None:
-        raise ValueError(f"max_inv_p={max_inv_p!r} caps PLUMAGE's 1/p rescaling, but optimizer {name!r} is full-rank; "
-                         f"pick plumage_{spec.backend} or drop max_inv_p")
-    build_projector(projector or spec.projector, rank=1, max_inv_p=max_inv_p)  # the projector checks value and kind
+    for key, value in options.items():
+        if key not in OPTION_KEYS:
+            continue
+        prefix = where.format(key=key, value=value)
+        if spec.projector is None:
+            raise ValueError(f"{prefix}{key}={value!r} applies to low-rank optimizers, but optimizer {name!r} is "
+                             f"full-rank; pick plumage_{spec.backend} or drop {key}")
+        check_options({key: value}, spec.backend, projector_spec(projector or spec.projector).cls, prefix)
 
 
 def build_optimizer(
@@ -161,7 +168,7 @@ def build_optimizer(
     if spec.projector is None and projector is not None:
         raise ValueError(f"optimizer {name!r} is full-rank; pick a low-rank name (e.g. plumage_{spec.backend}) "
                          f"to use projector={projector!r}")
-    check_max_inv_p(name, projector, options.get("max_inv_p"))
+    check_optimizer_options(name, projector, options, where="")
     routes = route_parameters(model, target_modules, projector)
     params = dict(model.named_parameters())
     regular = [params[r.name] for r in routes if not r.low_rank]
@@ -207,7 +214,8 @@ __all__ = [
     "Route",
     "Update",
     "build_optimizer",
-    "check_max_inv_p",
+    "check_optimizer_options",
+    "OPTIONS",
     "SAMPLED_STEPS",
     "describe_routing",
     "list_optimizers",

@@ -27,36 +27,26 @@ except ImportError:  # pragma: no cover
     DTensor = None
 
 from ..projectors import Projector, build_projector, projector_spec
+from .options import OPTIONS, check_options, option_defaults, projector_keys
 from .realign import check_rule
-from .sampled_step import check_sampled_step, norm_matched
+from .sampled_step import norm_matched, restart_limiter
 
-PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "scale": 1.0}
-
-LOW_RANK_DEFAULTS: dict[str, Any] = {
+LOW_RANK_DEFAULTS: dict[str, Any] = {  # galore-torch's keys, then ours (the options table: optimizers/options.py)
     "update_proj_gap": 200,
     "scale": 1.0,
     "proj_type": "std",
     "projector": "svd",
     "realign": "none",
-    "adaptive_interval": False,
-    "tau_max": None,
     "seed": 0,
-    "stagger": False,  # spread refreshes over the interval so the SVDs do not all land on one step
-    "solver": "svd",  # "gram": singular vectors from eigh of the smaller Gram matrix (see projectors.base.SOLVERS)
-    "max_inv_p": None,  # PLUMAGE only: cap each 1/p at this (biased, bounded steps; None = the paper's estimator)
-    "sampled_step": "adaptive",  # how PLUMAGE's sampled (p < 1) rows move: see optimizers/sampled_step.py
-    "row_bias_correction": False,  # AdamW: bias-correct each basis row by its own age (rows entering at a refresh)
+    **option_defaults(),
 }
-
-# Keys added after the first release, with the value that reproduces a run written before them: a checkpoint
-# without the key resumes as it was trained, not with today's (possibly different) class default.
-BEFORE_THE_KEY: dict[str, Any] = {"solver": "svd", "max_inv_p": None, "sampled_step": "adaptive",
-                                  "row_bias_correction": False}
+PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "scale": 1.0,
+                                    **option_defaults("plumage")}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:
     """The build_projector keyword arguments a low-rank group sets (name and rank are passed apart)."""
-    keys = ("proj_type", "update_proj_gap", "scale", "seed", "adaptive_interval", "tau_max", "solver", "max_inv_p")
+    keys = ("proj_type", "update_proj_gap", "scale", "seed", *projector_keys())
     return {**{key: group[key] for key in keys}, **overrides}
 
 
@@ -72,11 +62,10 @@ class Backend:
     name: ClassVar[str]
     defaults: ClassVar[dict[str, Any]]
     decay_first: ClassVar[bool] = False
+    row_bias_correction: ClassVar[bool] = False  # True: can bias-correct each basis row by its own age
 
     def validate(self, group: dict) -> None:
         """Raise ValueError naming any bad hyper-parameter of `group`."""
-
-    row_bias_correction: ClassVar[bool] = False  # True: can bias-correct each basis row by its own age
 
     def update(self, state: dict, grad: torch.Tensor, group: dict, param: torch.Tensor,
                rows: int | None = None) -> Update:
@@ -130,8 +119,8 @@ class LowRankOptimizer(Optimizer):
     """A torch Optimizer whose groups with a `rank` key are trained through a low-rank projector.
 
     Subclasses fix `backend` and may change the low-rank defaults (`class_defaults`); any option can also
-    be set per group: rank, update_proj_gap, scale, proj_type, projector, realign, adaptive_interval,
-    tau_max, seed, stagger, solver, max_inv_p, sampled_step, row_bias_correction.
+    be set per group: rank, update_proj_gap, scale, proj_type, projector, realign, seed, and the options of
+    optimizers/options.py.
     """
 
     backend: ClassVar[Backend]
@@ -172,15 +161,13 @@ class LowRankOptimizer(Optimizer):
     def _validate_low_rank(self, group: dict, index: int) -> None:
         spec, backend = projector_spec(group["projector"]), self.backend  # unknown names fail here, listing the choices
         check_rule(group["realign"])
-        check_sampled_step(group["sampled_step"])
-        if not isinstance(group["row_bias_correction"], bool):
-            raise ValueError(f"row_bias_correction must be True or False, got {group['row_bias_correction']!r}")
+        check_options({o.key: group[o.key] for o in OPTIONS}, where=f"low-rank group {index}: ")
         if group["row_bias_correction"] and (not backend.row_bias_correction or spec.tensors or
                                              group["proj_type"] == "full"):
             raise ValueError(f"row_bias_correction=True (low-rank group {index}) needs the adamw backend and a one-sided "
                              f"projection; got backend {backend.name!r}, projector {spec.name!r}, proj_type "
                              f"{group['proj_type']!r}: drop row_bias_correction")
-        # the projector validates rank, gap, scale, proj_type, tau_max, solver, max_inv_p
+        # the projector validates rank, gap, scale, proj_type, and tau_max against the gap
         build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):
             if param.dim() < 2 or (param.dim() > 2 and not spec.tensors):
@@ -237,6 +224,7 @@ class LowRankOptimizer(Optimizer):
         if projector.refresh(grad, state["step"]):
             if projector.transition is not None:
                 self.backend.realign(state, projector, group["realign"])
+            restart_limiter(state)
             if first and group["stagger"]:
                 projector.next_refresh = state["step"] + self._staggered_interval(param, projector.tau)
             state["projector"] = projector.state_dict()
@@ -281,9 +269,10 @@ class LowRankOptimizer(Optimizer):
             state_dict = self._sharding.unwrap_state_dict(state_dict)
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]
         super().load_state_dict(state_dict)
-        for group in self.param_groups:  # a checkpoint from before a group key existed runs as it was written
+        before_the_key = option_defaults()  # a checkpoint from before an option existed runs as it was written
+        for group in self.param_groups:
             for key in LOW_RANK_DEFAULTS.keys() & self.defaults.keys():
-                group.setdefault(key, BEFORE_THE_KEY.get(key, self.defaults[key]))
+                group.setdefault(key, before_the_key.get(key, self.defaults[key]))
         params = [p for group in self.param_groups for p in group["params"]]
         for saved_id, param in zip(saved_ids, params, strict=True):
             if saved_id in state_dict["state"]:

@@ -10,7 +10,9 @@ project_back. The rules for the low-rank direction Z that project_back receives 
                    per column of the other side (Fira's norm-based scaling, arXiv 2410.01623). A sampled row then
                    moves in proportion to its own gradient, at the step size Adam gives the kept ones, and
                    E[P D⁻¹ (φ ⊙ R)] = φ ⊙ (the gradient's component outside the kept rows): unbiased up to φ.
-                   A norm-growth limiter (Fira's) keeps ‖D⁻¹ Z_sampled‖ within 1.01x its previous value.
+                   A norm-growth limiter (Fira's) keeps ‖D⁻¹ Z_sampled‖ within 1.01x its previous value inside a
+                   refresh interval; a refresh draws new rows, so it starts a new series (without that reset the
+                   limiter ratchets: one small value after a refresh freezes the sampled part for the whole run).
 
 With no kept row (r* = 0), φ is measured on all rows. Projectors that do not sample (svd, random) have no
 sampled rows, and every rule is the backend's update.
@@ -26,10 +28,9 @@ SAMPLED_STEPS = ("adaptive", "norm_matched")
 NORM_GROWTH_LIMIT = 1.01  # Fira's γ: the sampled part's norm may grow by at most 1 % a step
 
 
-def check_sampled_step(rule) -> str:
-    if rule not in SAMPLED_STEPS:
-        raise ValueError(f"unknown sampled_step {rule!r}; choose one of {', '.join(SAMPLED_STEPS)}")
-    return rule
+def restart_limiter(state: dict) -> None:
+    """At a refresh: the sampled rows are new, so the limiter's series starts again."""
+    state.pop("sampled_norm", None)
 
 
 def norm_matched(direction: torch.Tensor, low_grad: torch.Tensor, inv_p: torch.Tensor, mode: int, state: dict,

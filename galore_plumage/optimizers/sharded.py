@@ -40,6 +40,7 @@ from ..projectors.svd import Singular, eigh_gram
 from .adafactor import AdafactorBackend
 from .adamw8bit import BLOCKSIZE
 from .base import Backend, apply_update, low_rank_update, projector_options
+from .sampled_step import restart_limiter
 
 # state tensors whose dim 0 is the weight's (sharded) rows; absmax (8-bit) is one block list per rank
 ROW_KEYS = {
@@ -167,6 +168,7 @@ class Sharding:
             if outcome:
                 if projector.transition is not None:
                     backend.realign(state, projector, group["realign"])
+                restart_limiter(state)
                 if first and group["stagger"]:
                     projector.next_refresh = state["step"] + optimizer._staggered_interval(param, projector.tau)
                 state["projector"] = projector.state_dict()

@@ -15,24 +15,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from ..optimizers import RULES, SAMPLED_STEPS, LayerwiseOptimizer, check_max_inv_p, list_optimizers, optimizer_spec
+from ..optimizers import OPTIONS, RULES, LayerwiseOptimizer, check_optimizer_options, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
-from ..projectors.base import PROJ_TYPES, SOLVERS
+from ..projectors.base import PROJ_TYPES
 
 SCHEDULERS = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16")
 BUNDLED = "shakespeare"
 DEFAULT_TOKENIZER = "bpe"
-
-
-def parse_cap(text: str) -> float:
-    """--max_inv_p: a number >= 1, or 'none'/'inf' for no cap (the paper's estimator)."""
-    if str(text).strip().lower() in ("none", "inf"):
-        return math.inf
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--max_inv_p {text!r}: expected a number >= 1 or 'none'") from None
 
 
 def _flag(default, help: str, **argparse_options):
@@ -90,19 +80,6 @@ class TrainConfig:
     proj_type: str = _flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
     projector: str = _flag(None, "override the optimizer's projector", choices=list_projectors())
     realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
-    adaptive_interval: bool = _flag(False, "adapt each weight's refresh interval to how fast its subspace moves")
-    tau_max: int = _flag(None, "longest adaptive interval (default 4 x --update_proj_gap)")
-    solver: str = _flag("svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, as "
-                               "galore-torch) or 'gram' (eigh of the smaller Gram matrix: faster)", choices=SOLVERS)
-    max_inv_p: float = _flag(None, "plumage only: cap each 1/p rescale at this (>= 1): biased, but no sampled direction "
-                                   "steps more than this many times a kept one; 'none' = no cap (the paper's "
-                                   "estimator); default: the optimizer's", type=lambda text: parse_cap(text))
-    sampled_step: str = _flag(None, "plumage only: how sampled rows move: 'adaptive' (the paper: the backend's "
-                                    "normalized step, then 1/p) or 'norm_matched' (their raw gradient scaled to the "
-                                    "kept rows' step); default: the optimizer's", choices=SAMPLED_STEPS)
-    row_bias_correction: bool = _flag(None, "adamw low-rank only: bias-correct each basis row by its own age, so a "
-                                            "direction entering at a refresh starts at Adam's step size; default: the "
-                                            "optimizer's", action=argparse.BooleanOptionalAction)
     # --- evaluation, checkpoints, logging
     eval_every: int = _flag(5_000, "evaluate every this many updates (and at the end)")
     save_every: int = _flag(10_000, "checkpoint every this many updates (and at the end)")
@@ -121,6 +98,9 @@ class TrainConfig:
                                     "and setting it is an error")
     progress: bool = _flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
 
+    # the options of optimizers/options.py given on the command line (flags made from that table); the rest take
+    # the optimizer's defaults
+    low_rank: dict = field(default_factory=dict, metadata={"derived": True})
     # derived by resolve()
     world_size: int = field(default=1, metadata={"derived": True})
 
@@ -134,7 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
         prog="torchrun_main.py", description="Pretrain Llama with a low-rank gradient optimizer (GaLore-compatible flags).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    return add_flags(parser, TrainConfig)
+    return add_option_flags(add_flags(parser, TrainConfig))
+
+
+def add_option_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """One --flag per option of optimizers/options.py; not given (None) means the optimizer's own default."""
+    group = parser.add_argument_group("low-rank options", "not given: the optimizer's default, named in each help")
+    for option in OPTIONS:
+        group.add_argument(f"--{option.key}", default=None, help=option.flag_help(), **option.argparse_options())
+    return parser
+
+
+def split_options(arguments: dict) -> tuple[dict, dict]:
+    """(the other flags, the table's options that were given) from a parsed namespace's dict."""
+    keys = {option.key for option in OPTIONS}
+    given = {k: v for k, v in arguments.items() if k in keys and v is not None}
+    return {k: v for k, v in arguments.items() if k not in keys}, given
 
 
 def add_flags(parser: argparse.ArgumentParser, config_class) -> argparse.ArgumentParser:
@@ -154,16 +149,8 @@ def add_flags(parser: argparse.ArgumentParser, config_class) -> argparse.Argumen
 
 def parse_config(argv: list[str] | None = None, world_size: int = 1, cuda_bf16: bool = False) -> TrainConfig:
     """Parse and validate; raises SystemExit (argparse) or ValueError with a message that says what to do."""
-    args = build_parser().parse_args(argv)
-    return resolve(TrainConfig(**vars(args)), world_size, cuda_bf16)
-
-
-def check_max_inv_p_flag(optimizer: str, projector: str | None, max_inv_p: float | None) -> None:
-    """--max_inv_p is checked with the other flags, so a cap nothing would apply fails before anything is written."""
-    try:
-        check_max_inv_p(optimizer, projector, max_inv_p)
-    except ValueError as error:
-        raise ValueError(f"--max_inv_p {max_inv_p}: {error}") from None
+    flags, low_rank = split_options(vars(build_parser().parse_args(argv)))
+    return resolve(TrainConfig(**flags, low_rank=low_rank), world_size, cuda_bf16)
 
 
 def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -> TrainConfig:
@@ -185,7 +172,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     if c.single_gpu and world_size > 1:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
     per_layer = optimizer_spec(c.optimizer).per_layer
-    check_max_inv_p_flag(c.optimizer, c.projector, c.max_inv_p)
+    check_optimizer_options(c.optimizer, c.projector, c.low_rank)  # before any file is written
     if c.fsdp and c.single_gpu:
         raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
                          "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")

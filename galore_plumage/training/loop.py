@@ -92,18 +92,8 @@ def optimizer_options(config: TrainConfig) -> dict:
                        eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8)
     elif backend == "sgdm":
         options.update(momentum=config.beta1)
-    if config.adaptive_interval:
-        options["adaptive_interval"] = True
-    if config.tau_max is not None:
-        options["tau_max"] = config.tau_max
     options["seed"] = config.seed
-    options["solver"] = config.solver
-    if config.max_inv_p is not None:
-        options["max_inv_p"] = config.max_inv_p
-    if config.sampled_step is not None:
-        options["sampled_step"] = config.sampled_step
-    if config.row_bias_correction is not None:
-        options["row_bias_correction"] = config.row_bias_correction
+    options.update(config.low_rank)
     return options
 
 

@@ -1,0 +1,153 @@
+"""The low-rank options beyond galore-torch's keys, each declared once: key, defaults, check, help, where it applies.
+
+Everything that handles one of these options reads this table: the optimizers' group defaults (LOW_RANK_DEFAULTS,
+PLUMAGE_DEFAULTS) and their validation, the projector's arguments (projector_options), build_optimizer's check that
+an option given applies to the optimizer named, and the flags of torchrun_main.py and run_glue.py with their --help
+(training/config.add_option_flags). Adding an option means one entry here and the code that uses it.
+
+galore-torch's own keys (rank, update_proj_gap, scale, proj_type) are not here: they keep GaLore's flag names
+(--rank/--lora_r, --galore_scale) and each script's GaLore defaults.
+
+`default` is every family's value and the behaviour of a checkpoint written before the key existed;
+`plumage` is what plumage_* uses instead, where the pretraining protocol chose another (benchmarks/pretrain_protocol.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..projectors.base import SOLVERS
+from .sampled_step import SAMPLED_STEPS
+
+SAME = object()  # Option.plumage: plumage_* uses `default`
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_bool(key: str) -> Callable[[Any], None]:
+    def check(value):
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be True or False, got {value!r}")
+    return check
+
+
+def _check_choice(key: str, choices: tuple[str, ...]) -> Callable[[Any], None]:
+    def check(value):
+        if value not in choices:
+            raise ValueError(f"unknown {key} {value!r}; choose one of {', '.join(choices)}")
+    return check
+
+
+def _check_tau_max(value) -> None:
+    if value is not None and (not _is_int(value) or value < 1):
+        raise ValueError(f"tau_max must be an integer >= update_proj_gap (or None for 4 x update_proj_gap), got {value!r}")
+
+
+def _check_cap(value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0):
+        raise ValueError(f"max_inv_p must be a number >= 1 (or None / inf for no cap), got {value!r}")
+
+
+def parse_cap(text: str) -> float:
+    """The flag's text: a number >= 1, or 'none'/'inf' for no cap (the paper's estimator)."""
+    if str(text).strip().lower() in ("none", "inf"):
+        return math.inf
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'none', got {text!r}") from None
+
+
+def _needs_rescaling(backend: str, projector_cls) -> str | None:
+    if not projector_cls.rescales:
+        return f"it caps PLUMAGE's 1/p rescaling, but projector {projector_cls.name!r} does not rescale"
+    return None
+
+
+def _needs_adamw(backend: str, projector_cls) -> str | None:
+    return None if backend == "adamw" else f"it needs the adamw backend, not {backend!r}"
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    default: Any
+    help: str
+    check: Callable[[Any], None]  # raises ValueError naming the value
+    bad_values: tuple  # values `check` refuses: the table's test iterates them
+    plumage: Any = SAME  # plumage_*'s default where it differs
+    to_projector: bool = False  # a build_projector argument
+    parse: Callable[[str], Any] | None = None  # the flag's argparse type (bools get --key / --no-key)
+    choices: tuple | None = None
+    applies: Callable[[str, type], str | None] | None = None  # (backend, projector class) -> why it does not apply
+
+    def plumage_default(self) -> Any:
+        return self.default if self.plumage is SAME else self.plumage
+
+    def flag_help(self) -> str:
+        defaults = f"default {self.default!r}"
+        if self.plumage is not SAME:
+            defaults += f", {self.plumage!r} for plumage_*"
+        return f"{self.help} ({defaults})"
+
+    def argparse_options(self) -> dict:
+        if isinstance(self.default, bool):
+            return {"action": argparse.BooleanOptionalAction}
+        options = {"type": self.parse or str}
+        if self.choices:
+            options["choices"] = self.choices
+        return options
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("adaptive_interval", False, "adapt each weight's refresh interval to how fast its subspace moves (the "
+           "paper's S/MP/A)", _check_bool("adaptive_interval"), ("yes", 1), to_projector=True),
+    Option("tau_max", None, "longest adaptive interval (None: 4 x update_proj_gap)", _check_tau_max, (0, 2.5, "800"),
+           to_projector=True, parse=int),
+    Option("stagger", False, "spread the first refreshes over the interval so the SVDs do not all land on one step",
+           _check_bool("stagger"), ("no", 0)),
+    Option("solver", "svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, galore-torch's "
+           "call) or 'gram' (eigh of the smaller Gram matrix: faster)", _check_choice("solver", SOLVERS),
+           ("qr", None), to_projector=True, choices=SOLVERS),
+    Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
+           "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", _check_cap,
+           (0.5, -1.0, math.nan, True, "3"), to_projector=True, parse=parse_cap, applies=_needs_rescaling),
+    Option("sampled_step", "adaptive", "plumage: how sampled (p < 1) rows move: 'adaptive' (the paper: the backend's "
+           "normalized step, then 1/p) or 'norm_matched' (their own gradient at the kept rows' step size)",
+           _check_choice("sampled_step", SAMPLED_STEPS), ("fira", None, 1), choices=SAMPLED_STEPS),
+    Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
+           "at a refresh starts at Adam's step size", _check_bool("row_bias_correction"), ("yes", 1, None),
+           applies=_needs_adamw),
+)
+BY_KEY = {option.key: option for option in OPTIONS}
+
+
+def option_defaults(family: str = "") -> dict[str, Any]:
+    """Every option's default for one family ('' = every low-rank family but plumage_*)."""
+    return {o.key: (o.plumage_default() if family == "plumage" else o.default) for o in OPTIONS}
+
+
+def projector_keys() -> tuple[str, ...]:
+    return tuple(o.key for o in OPTIONS if o.to_projector)
+
+
+def check_options(options: dict[str, Any], backend: str | None = None, projector_cls=None, where: str = "") -> None:
+    """Refuse a bad value; with a backend and projector class, also an option given that they would not apply.
+
+    Groups check values only: a family's default that does nothing for another projector (plumage_*'s sampled_step
+    under projector='svd') is harmless. Options a user gives by name are checked for both (check_optimizer_options)."""
+    for key, value in options.items():
+        option = BY_KEY[key]
+        try:
+            option.check(value)
+            reason = option.applies(backend, projector_cls) if option.applies and projector_cls else None
+            if reason:
+                raise ValueError(f"{key}={value!r} does not apply here: {reason}; drop it")
+        except ValueError as error:
+            raise ValueError(f"{where}{error}") from None

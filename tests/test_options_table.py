@@ -1,0 +1,109 @@
+"""The options table (optimizers/options.py) drives every layer: each entry is checked here for its defaults, its bad
+values (refused by the group, by build_optimizer and by both command lines), its flag and help in both scripts, and
+its way to the optimizer. A new option needs an entry in the table, not a new test file."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
+from galore_plumage.finetune.config import build_parser as finetune_parser
+from galore_plumage.finetune.config import parse_config as parse_finetune_config
+from galore_plumage.optimizers.base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, projector_options
+from galore_plumage.optimizers.options import OPTIONS, SAME
+from galore_plumage.training.config import build_parser, parse_config
+from galore_plumage.training.loop import optimizer_options
+
+BAD = [(option.key, bad) for option in OPTIONS for bad in option.bad_values]
+GOOD = {  # a value other than the default for each option, as given on the command line and as it arrives
+    "adaptive_interval": (["--adaptive_interval"], True),
+    "tau_max": (["--tau_max", "800"], 800),
+    "stagger": (["--stagger"], True),
+    "solver": (["--solver", "gram"], "gram"),
+    "max_inv_p": (["--max_inv_p", "3"], 3.0),
+    "sampled_step": (["--sampled_step", "norm_matched"], "norm_matched"),
+    "row_bias_correction": (["--row_bias_correction"], True),
+}
+
+
+def _weight():
+    torch.manual_seed(0)
+    return nn.Linear(10, 8, bias=False).weight
+
+
+def test_every_option_has_a_command_line_example_here():
+    assert set(GOOD) == {o.key for o in OPTIONS}
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.key)
+def test_defaults_come_from_the_table_and_pass_their_own_check(option):
+    assert LOW_RANK_DEFAULTS[option.key] == option.default
+    option.check(option.default)
+    if option.plumage is not SAME:
+        assert PLUMAGE_DEFAULTS[option.key] == option.plumage
+        option.check(option.plumage)
+    assert PlumageAdamW.class_defaults.get(option.key, option.default) == option.plumage_default()
+    assert option.key not in GaLoreAdamW.class_defaults
+
+
+@pytest.mark.parametrize("key, bad", BAD)
+def test_a_bad_value_in_a_group_is_refused_naming_it(key, bad):
+    with pytest.raises(ValueError, match=key):
+        PlumageAdamW([{"params": [_weight()], "rank": 2, key: bad}])
+
+
+@pytest.mark.parametrize("key, bad", BAD)
+def test_a_bad_value_through_build_optimizer_is_refused_naming_it(key, bad):
+    model = nn.Sequential(nn.Linear(10, 8))
+    with pytest.raises(ValueError, match=key):
+        build_optimizer("plumage_adamw", model, rank=2, target_modules=("",), **{key: bad})
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.key)
+def test_given_to_a_full_rank_optimizer_it_is_refused(option):
+    model = nn.Sequential(nn.Linear(10, 8))
+    with pytest.raises(ValueError, match=rf"{option.key}=.* optimizer 'adamw' is full-rank; pick plumage_adamw"):
+        build_optimizer("adamw", model, **{option.key: GOOD[option.key][1]})
+    argv, _ = GOOD[option.key]
+    with pytest.raises(ValueError, match=rf"--{option.key} .*full-rank"):
+        parse_config(["--optimizer", "adamw", *argv])
+
+
+@pytest.mark.parametrize("parser", [build_parser, finetune_parser], ids=["torchrun_main", "run_glue"])
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.key)
+def test_both_command_lines_have_the_flag_with_the_tables_help(parser, option):
+    actions = {a.dest: a for a in parser()._actions}
+    assert option.key in actions
+    assert actions[option.key].default is None  # not given: the optimizer's own default
+    assert actions[option.key].help == option.flag_help()
+    assert repr(option.default) in option.flag_help()
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.key)
+def test_the_flag_reaches_the_optimizer_from_both_scripts(option):
+    argv, value = GOOD[option.key]
+    config = parse_config(["--optimizer", "plumage_adamw", *argv])
+    assert config.low_rank == {option.key: value}
+    assert optimizer_options(config)[option.key] == value
+    finetune = parse_finetune_config(["--optimizer", "plumage_adamw", *argv])
+    assert finetune.low_rank == {option.key: value}
+    optimizer = build_optimizer("plumage_adamw", nn.Sequential(nn.Linear(10, 8)), rank=2, target_modules=("",),
+                                **config.low_rank)
+    (group,) = [g for g in optimizer.param_groups if "rank" in g]
+    assert group[option.key] == value
+    if option.to_projector:
+        assert projector_options(group)[option.key] == value
+
+
+def test_no_cap_on_the_command_line_is_inf_and_the_projector_reads_it_as_none():
+    config = parse_config(["--max_inv_p", "none"])
+    assert config.low_rank == {"max_inv_p": math.inf}
+    optimizer = PlumageAdamW([{"params": [_weight()], "rank": 2}], **config.low_rank)
+    (param,) = optimizer.param_groups[0]["params"]
+    param.grad = torch.randn(param.shape)
+    optimizer.step()
+    assert optimizer.projector_for(param, optimizer.param_groups[0]).max_inv_p is None
