@@ -32,22 +32,22 @@ from plot_runs import load_run, plot_losses  # noqa: E402
 from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
 LRS = (1e-3, 3e-3, 1e-2)
-# label -> (optimizer, extra flags, lr grid). Scale is each method's documented one; PLUMAGE arms name theirs.
+PAPER = ["--sampled_step", "adaptive", "--max_inv_p", "none", "--no-row_bias_correction"]
+# label -> (optimizer, extra flags, lr grid). Every arm names its scale and its PLUMAGE options, so an arm does not
+# move when a default changes. Grids were widened where the best lr fell on an edge of the first one.
 ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
-    "adamw": ("adamw", [], LRS),
-    "galore_recipe": ("galore_adamw", ["--galore_scale", "0.25"], (3e-3, 1e-2, 3e-2)),
-    "galore_scale1": ("galore_adamw", ["--galore_scale", "1.0"], LRS),
-    "plumage_paper": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "none"],
-                      LRS),
-    "plumage_cap3": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "3"],
-                     LRS),
+    "adamw": ("adamw", [], (3e-4, 1e-3, 3e-3, 1e-2)),
+    # GaLore's published recipe: scale 0.25 on the projected update, the one lr on every group
+    "galore_recipe": ("galore_adamw", ["--galore_scale", "0.25"], (1e-3, 3e-3, 1e-2, 3e-2)),
+    "plumage_paper": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER], (3e-4, 1e-3, 3e-3)),
+    # the remedies, one at a time on the paper's estimator (scale 1, as the paper documents it)
+    "plumage_cap3": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER[:2], "--max_inv_p", "3", PAPER[4]], LRS),
     "plumage_norm_matched": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "norm_matched",
-                                               "--max_inv_p", "none"], LRS),
-    # GaLore's recipe (scale 0.25 on the projected update, the lr on every group) with the norm-matched sampled step
+                                               *PAPER[2:]], LRS),
+    "plumage_row_age": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER[:4], "--row_bias_correction"], (1e-3,)),
+    # GaLore's recipe with the norm-matched sampled step
     "plumage_norm_matched_recipe": ("plumage_adamw", ["--galore_scale", "0.25", "--sampled_step", "norm_matched",
-                                                      "--max_inv_p", "none"], (3e-3, 1e-2, 3e-2)),
-    "plumage_row_age": ("plumage_adamw", ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "none",
-                                          "--row_bias_correction"], LRS),
+                                                      *PAPER[2:]], LRS),
 }
 REFERENCE = "galore_recipe"
 
@@ -91,10 +91,13 @@ def ensure(args, label: str, lr: float, seed: int) -> list[float] | None:
         return [math.inf]
     command = command_for(optimizer, extra, seed, lr, args, save_dir)
     try:
-        return run_or_reuse(command, save_dir, _evals, f"{label} lr {lr:g} seed {seed}", report_only=args.report_only)
+        return run_or_reuse(command, save_dir, _evals, f"{label} lr {lr:g} seed {seed}", report_only=args.report_only,
+                            keep_stderr=True)
     except subprocess.CalledProcessError:
-        save_dir.mkdir(parents=True, exist_ok=True)
-        (save_dir / "diverged").write_text(" ".join(command[1:]))
+        stderr = (save_dir / "stderr.txt").read_text() if (save_dir / "stderr.txt").exists() else ""
+        if "FloatingPointError" not in stderr:  # a crash is no result: stop and show it
+            raise
+        (save_dir / "diverged").write_text(" ".join(command[1:]) + "\n" + stderr.strip().splitlines()[-1])
         return [math.inf]
 
 

@@ -12,10 +12,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_or_reuse(command: list[str], out: Path, result: Callable[[Path], dict | None], label: str,
-                 report_only: bool = False, env: dict | None = None) -> dict | None:
+                 report_only: bool = False, env: dict | None = None, keep_stderr: bool = False) -> dict | None:
     """`result(out)` of the run `command` writes into `out`: the finished one if `out/command.json` records this
     command (the interpreter path aside), else a fresh run, or None with `report_only`. An unfinished or outdated
-    `out` is removed before running, so a curve is never appended to an older run's."""
+    `out` is removed before running, so a curve is never appended to an older run's. With `keep_stderr` the run's
+    standard error goes to `out/stderr.txt` (kept when the run fails, so the caller can tell why)."""
     recorded = out / "command.json"
     done = result(out)
     if done is not None and recorded.exists() and json.loads(recorded.read_text()) == command[1:]:
@@ -24,7 +25,12 @@ def run_or_reuse(command: list[str], out: Path, result: Callable[[Path], dict | 
         return None
     shutil.rmtree(out, ignore_errors=True)
     print(f"== {label}", flush=True)
-    subprocess.run(command, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    if keep_stderr:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "stderr.txt", "w") as stderr:
+            subprocess.run(command, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    else:
+        subprocess.run(command, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     recorded.write_text(json.dumps(command[1:]))
     print(f"== {label} done", flush=True)
     return result(out)

@@ -19,9 +19,9 @@ from ..projectors import projector_spec
 from .adafactor import AdafactorBackend, GaLoreAdafactor, PlumageAdafactor
 from .adamw import AdamWBackend, GaLoreAdamW, PlumageAdamW
 from .adamw8bit import AdamW8bitBackend, GaLoreAdamW8bit, PlumageAdamW8bit
-from .base import LOW_RANK_DEFAULTS, Backend, LowRankOptimizer, Update
+from .base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
 from .layerwise import LayerwiseOptimizer
-from .options import OPTIONS, check_options
+from .options import OPTIONS, check_options, option_defaults
 from .realign import RULES
 from .sampled_step import SAMPLED_STEPS
 from .sgdm import GaLoreSGDM, PlumageSGDM, SGDMomentumBackend
@@ -83,6 +83,37 @@ def optimizer_class(backend: str) -> type[LowRankOptimizer]:
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
     return type(f"LowRank_{backend}", (LowRankOptimizer,), {"backend": BACKENDS[backend]()})
+
+
+# The plumage_* classes carry the family's recommended settings (lr, scale, options) in class_defaults: the best of
+# the fair pretraining protocol (benchmarks/pretrain_protocol.py, docs/protocol_compare.md). build_optimizer and the
+# command lines read them from there, so a name and its class agree.
+PLUMAGE_CLASSES: dict[str, type[LowRankOptimizer]] = {
+    "adamw": PlumageAdamW, "adamw8bit": PlumageAdamW8bit, "adafactor": PlumageAdafactor, "sgdm": PlumageSGDM,
+}
+DEFAULT_LR = 1e-3  # AdamW's published lr for GaLore's small Llamas; every optimizer without a measured one
+RECOMMENDED_LR: dict[tuple[str | None, str], float] = {
+    ("plumage", backend): cls.class_defaults["lr"] for backend, cls in PLUMAGE_CLASSES.items()
+    if "lr" in cls.class_defaults
+}
+
+
+def recommended_lr(spec: OptimizerSpec) -> float:
+    return RECOMMENDED_LR.get((spec.projector, spec.backend), DEFAULT_LR)
+
+
+def family_scale(spec: OptimizerSpec) -> float:
+    """The projected-back scale of a name: GaLore's recipe 0.25 for galore_*, the class's for plumage_*."""
+    if spec.projector == "svd":
+        return 0.25
+    return PLUMAGE_CLASSES[spec.backend].class_defaults["scale"] if spec.projector == "plumage" else 1.0
+
+
+def family_defaults(spec: OptimizerSpec) -> dict:
+    """The options of optimizers/options.py as the name's family sets them (plumage_*: its class's)."""
+    if spec.projector != "plumage":
+        return option_defaults()
+    return {key: PLUMAGE_CLASSES[spec.backend].class_defaults.get(key, value) for key, value in option_defaults().items()}
 
 
 @dataclass(frozen=True)
@@ -160,7 +191,8 @@ def build_optimizer(
 
     The weights of nn.Linear modules whose name contains one of `target_modules` form the low-rank group;
     everything else (embeddings, norms, biases, the head) a regular one. `projector=` / `realign=`
-    override the name's. `scale` defaults to 0.25 for galore_* (GaLore's recipe) and 1.0 otherwise.
+    override the name's. `lr` and `scale` default to the name's recommended values (recommended_lr,
+    family_scale); the options of optimizers/options.py to the family's (plumage_* has its own).
     The routing is kept on the optimizer as `.routing` and printed when verbose.
     """
     spec = optimizer_spec(name)
@@ -175,13 +207,14 @@ def build_optimizer(
     low_rank = [params[r.name] for r in routes if r.low_rank]
     groups = [{"params": regular}] if regular else []
     if low_rank:
-        scale = scale if scale is not None else (0.25 if spec.projector == "svd" else 1.0)
+        family = {key: value for key, value in family_defaults(spec).items() if key not in options}
         groups.append({
-            "params": low_rank, "rank": rank, "update_proj_gap": update_proj_gap, "scale": scale,
-            "proj_type": proj_type, "projector": projector,
+            **family, "params": low_rank, "rank": rank, "update_proj_gap": update_proj_gap, "proj_type": proj_type,
+            "scale": scale if scale is not None else family_scale(spec), "projector": projector,
             "realign": realign if realign is not None else spec.realign,
         })
-    if lr is not None:
+    lr = lr if lr is not None else RECOMMENDED_LR.get((spec.projector, spec.backend))
+    if lr is not None:  # else the class's own (Adafactor's relative step takes none)
         options["lr"] = lr
     optimizer = optimizer_class(spec.backend)(groups, **options)
     optimizer.routing = routes
@@ -197,7 +230,10 @@ def build_optimizer(
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_LR",
     "LOW_RANK_DEFAULTS",
+    "PLUMAGE_DEFAULTS",
+    "RECOMMENDED_LR",
     "RULES",
     "Backend",
     "GaLoreAdafactor",
@@ -215,6 +251,7 @@ __all__ = [
     "Update",
     "build_optimizer",
     "check_optimizer_options",
+    "recommended_lr",
     "OPTIONS",
     "SAMPLED_STEPS",
     "describe_routing",

@@ -15,7 +15,18 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from ..optimizers import OPTIONS, RULES, LayerwiseOptimizer, check_optimizer_options, list_optimizers, optimizer_spec
+from ..optimizers import (
+    DEFAULT_LR,
+    OPTIONS,
+    RECOMMENDED_LR,
+    RULES,
+    LayerwiseOptimizer,
+    PlumageAdamW,
+    check_optimizer_options,
+    list_optimizers,
+    optimizer_spec,
+    recommended_lr,
+)
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
 
@@ -23,6 +34,11 @@ SCHEDULERS = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16")
 BUNDLED = "shakespeare"
 DEFAULT_TOKENIZER = "bpe"
+
+
+def _recommended_lrs() -> str:
+    named = [f"{projector}_{backend}: {lr:g}" for (projector, backend), lr in RECOMMENDED_LR.items()]
+    return (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
 
 
 def _flag(default, help: str, **argparse_options):
@@ -66,7 +82,8 @@ class TrainConfig:
                                         "--num_training_steps", type=parse_token_count)
     # --- optimizer
     optimizer: str = _flag("plumage_adamw", "optimizer name (case-insensitive)", choices=list_optimizers(), type=str.lower)
-    lr: float = _flag(1e-3, "peak learning rate")
+    lr: float = _flag(None, "peak learning rate; default: the optimizer's recommended lr (optimizers.recommended_lr: "
+                            "the best of benchmarks/pretrain_protocol.py where it was run" + _recommended_lrs() + ")")
     weight_decay: float = _flag(0.0, "decoupled weight decay")
     beta1: float = _flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
     grad_clipping: float = _flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
@@ -76,7 +93,9 @@ class TrainConfig:
     # --- low-rank projection
     rank: int = _flag(128, "rank of the low-rank projection")
     update_proj_gap: int = _flag(200, "updates between projection refreshes (τ)")
-    galore_scale: float = _flag(None, "scale of the projected-back update; default: 0.25 for galore_*, 1.0 otherwise")
+    galore_scale: float = _flag(None, "scale of the projected-back update; default: the optimizer's (0.25 for galore_* "
+                                      f"as GaLore's recipe, {PlumageAdamW.class_defaults['scale']:g} for "
+                                      "plumage_adamw, 1.0 otherwise)")
     proj_type: str = _flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
     projector: str = _flag(None, "override the optimizer's projector", choices=list_projectors())
     realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
@@ -160,6 +179,8 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
                  "update_proj_gap", "eval_tokens", "vocab_size"):
         if getattr(c, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
+    if c.lr is None:
+        c.lr = recommended_lr(optimizer_spec(c.optimizer))
     for name in ("lr", "weight_decay", "grad_clipping", "warmup_steps", "workers"):
         if getattr(c, name) < 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
