@@ -5,8 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 CORPUS := data/shakespeare/.complete
 
-# The demo: llama_tiny (7.4M parameters) with PLUMAGE-AdamW on the bundled corpus, a few minutes on a CPU.
-DEMO_FLAGS := --model_config configs/llama_tiny.json --optimizer plumage_adamw --lr 1e-3 --rank 64 \
+# The demo: llama_tiny (7.4M parameters) with PLUMAGE-AdamW (its recommended lr and scale) on the bundled corpus,
+# a few minutes on a CPU.
+DEMO_FLAGS := --model_config configs/llama_tiny.json --optimizer plumage_adamw --rank 64 \
               --update_proj_gap 50 --batch_size 8 --max_length 256 --num_training_steps 300 --warmup_steps 30 \
               --eval_every 100 --save_every 100 --eval_tokens 100000 --save_dir runs/demo
 

@@ -4,8 +4,8 @@ A weight whose gradient has three strong directions and a long, decaying tail, f
 refresh interval. Adam normalizes every low-rank coordinate to about ±1 before D⁻¹ multiplies it by 1/p, so under
 the paper's estimator a sampled row moves 1/p times as far as a kept row, in the same direction, on every update of
 the interval: the whole step grows many times larger than GaLore's top-r step on the same gradient. The default
-(sampled rows moved by their own gradient at the kept rows' step size) keeps each sampled row no larger than a kept
-one and the whole step within GaLore's.
+(sampled_step="norm_matched": sampled rows moved by their own gradient at the kept rows' step size) keeps each sampled
+row no larger than a kept one and the whole step within GaLore's, at its own scale (0.25) and at the paper's (1.0).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def _run(cls, grad, **options):
 @pytest.fixture(scope="module")
 def runs(spectral_matrix):
     grad, *_ = spectral_matrix(M, N, SIGMA, seed=0, dtype=torch.float32)
-    return {"galore": _run(GaLoreAdamW, grad), "paper": _run(PlumageAdamW, grad, **PAPER),
-            "default": _run(PlumageAdamW, grad)}
+    return {"galore": _run(GaLoreAdamW, grad), "paper": _run(PlumageAdamW, grad, scale=1.0, **PAPER),
+            "default": _run(PlumageAdamW, grad), "default at scale 1": _run(PlumageAdamW, grad, scale=1.0)}
 
 
 def test_under_the_paper_a_sampled_row_moves_one_over_p_times_as_far_as_a_kept_row(runs):
@@ -60,13 +60,15 @@ def test_under_the_paper_a_sampled_row_moves_one_over_p_times_as_far_as_a_kept_r
 
 
 def test_the_paper_step_is_many_times_galores_and_the_default_stays_within_it(runs):
-    galore = max(runs["galore"][0])
+    galore = max(runs["galore"][0])  # GaLoreAdamW's own scale, 1.0, as the paper's PLUMAGE
     assert max(runs["paper"][0]) > 5 * galore
     assert max(runs["default"][0]) <= galore
+    assert max(runs["default at scale 1"][0]) <= galore  # bounded by the sampled step, not by the smaller scale
 
 
-def test_under_the_default_no_sampled_row_moves_further_than_a_kept_row(runs):
-    _, rows = runs["default"]
+@pytest.mark.parametrize("arm", ["default", "default at scale 1"])
+def test_under_the_default_no_sampled_row_moves_further_than_a_kept_row(runs, arm):
+    _, rows = runs[arm]
     for norms, inv_p in rows:
         assert (inv_p > 1).any()
         assert norms[inv_p > 1].max() <= norms[inv_p == 1].min()

@@ -146,7 +146,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
         "sampled_step", "row_bias_correction",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
-    assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}
+    assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector", "sampled_norm"}  # norm_matched's limiter
     assert set(state["projector"]) == {
         "name", "rank", "proj_type", "scale", "seed", "index", "tau", "refresh_count", "next_refresh", "shape",
         "rank_per_mode", "stats", "dtype", "factors", "inv_p",
@@ -160,7 +160,8 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
-    optimizer = _build("plumage_adamw", model)
+    paper = {"sampled_step": "adaptive", "row_bias_correction": False}  # how runs before those keys were trained
+    optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=GAP, lr=1e-2, **paper)
     for _ in range(SAVE_AFTER):
         _step(model, optimizer, generator)
     current = optimizer.state_dict()
@@ -172,7 +173,7 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     for state_dict in (current, older):
         twin_model = _model(torch.float32)
         twin_model.load_state_dict(model.state_dict())
-        twin = _build("plumage_adamw", twin_model)
+        twin = build_optimizer("plumage_adamw", twin_model, rank=4, update_proj_gap=GAP, lr=1e-2)  # today's defaults
         twin.load_state_dict(copy.deepcopy(state_dict))  # as from torch.load: the twins share no state tensors
         _step(twin_model, twin, torch.Generator().manual_seed(3))  # the first step after the load refreshes
         twins.append(twin_model)

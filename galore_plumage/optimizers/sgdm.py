@@ -40,4 +40,5 @@ class PlumageSGDM(LowRankOptimizer):
     """SGD-momentum on PLUMAGE's projection; the momentum is realigned at refreshes (rule "m")."""
 
     backend = SGDMomentumBackend()
-    class_defaults = {**PLUMAGE_DEFAULTS, "realign": "m"}
+    # SGD momentum does not normalize before D⁻¹, so the paper's step is not amplified: it keeps the paper's estimator
+    class_defaults = {**PLUMAGE_DEFAULTS, "realign": "m", "sampled_step": "adaptive"}
