@@ -138,6 +138,9 @@ def test_projector_override():
     assert (default["projector"], default["realign"], default["scale"]) == ("svd", "none", 0.25)
     plumage = next(g for g in build_optimizer("plumage_adamw", _model(), rank=4).param_groups if "rank" in g)
     assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("plumage", "mv", 1.0)
+    assert (plumage["lr"], plumage["sampled_step"]) == (1e-3, "adaptive")
+    sgdm = next(g for g in build_optimizer("plumage_sgdm", _model(), rank=4).param_groups if "rank" in g)
+    assert (sgdm["scale"], sgdm["sampled_step"]) == (1.0, "adaptive")  # no normalization to amplify: the paper's step
 
 
 def test_tucker_override_projects_convolutions():

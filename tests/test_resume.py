@@ -146,7 +146,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
         "sampled_step", "row_bias_correction",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
-    assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector", "sampled_norm"}  # norm_matched's limiter
+    assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}
     assert set(state["projector"]) == {
         "name", "rank", "proj_type", "scale", "seed", "index", "tau", "refresh_count", "next_refresh", "shape",
         "rank_per_mode", "stats", "dtype", "factors", "inv_p",

@@ -42,9 +42,6 @@ LOW_RANK_DEFAULTS: dict[str, Any] = {  # galore-torch's keys, then ours (the opt
 }
 PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "scale": 1.0,
                                     **option_defaults("plumage")}
-# PLUMAGE with Adam moments (AdamW, 8-bit AdamW) at the setting the fair protocol chose: GaLore's recipe (scale 0.25
-# on the projected update, one lr on every group) at its best lr (benchmarks/pretrain_protocol.py, docs/results.md §3)
-PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 1e-2, "scale": 0.25}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:
@@ -91,7 +88,10 @@ def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group
     update = backend.update(state, low_grad, group, param, rows=modes[0] if len(modes) == 1 else None)
     if group["sampled_step"] == "norm_matched" and projector.inv_p is not None:
         (mode,) = modes
-        direction = norm_matched(update.direction, low_grad, projector.inv_p, mode, state, total)
+        # the weight moves by −step_size · Z: a backend that returns the finished step (8-bit: step_size −1) has Z
+        # pointing up the gradient, so the sampled rows' R takes the same orientation
+        oriented = low_grad if update.step_size >= 0 else -low_grad
+        direction = norm_matched(update.direction, oriented, projector.inv_p, mode, state, total)
         update = update._replace(direction=direction)
     return update
 

@@ -120,8 +120,7 @@ OPTIONS: tuple[Option, ...] = (
            (0.5, -1.0, math.nan, True, "3"), to_projector=True, parse=parse_cap, applies=_needs_rescaling),
     Option("sampled_step", "adaptive", "plumage: how sampled (p < 1) rows move: 'adaptive' (the paper: the backend's "
            "normalized step, then 1/p) or 'norm_matched' (their own gradient at the kept rows' step size)",
-           _check_choice("sampled_step", SAMPLED_STEPS), ("fira", None, 1), plumage="norm_matched",
-           choices=SAMPLED_STEPS),
+           _check_choice("sampled_step", SAMPLED_STEPS), ("fira", None, 1), choices=SAMPLED_STEPS),
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
            "at a refresh starts at Adam's step size", _check_bool("row_bias_correction"), ("yes", 1, None),
            applies=_needs_adamw),
