@@ -78,16 +78,11 @@ def _evals(save_dir: Path) -> list[float] | None:
     return [r["eval_loss"] for r in records if r["type"] == "eval"]
 
 
-def _diverged(save_dir: Path) -> list[float] | None:
-    marker = save_dir / "diverged"
-    return [math.inf] if marker.exists() else None
-
-
 def ensure(args, label: str, lr: float, seed: int) -> list[float] | None:
     """The eval curve of one run (running it unless finished); [inf] for a run that stopped on a non-finite loss."""
     optimizer, extra, _ = ARMS[label]
     save_dir = run_dir(args, label, lr, seed)
-    if _diverged(save_dir) is not None:
+    if (save_dir / "diverged").exists():
         return [math.inf]
     command = command_for(optimizer, extra, seed, lr, args, save_dir)
     try:

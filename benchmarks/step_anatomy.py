@@ -51,12 +51,12 @@ class Recorder:
     """The optimizer observer: one record per low-rank weight and update."""
 
     def __init__(self, optimizer, names: dict[torch.Tensor, str]):
-        self.optimizer, self.names, self.update, self.records = optimizer, names, 0, []
-        self.lr = {p: group for group in optimizer.param_groups for p in group["params"]}
+        self.names, self.update, self.records = names, 0, []
+        self.group = {p: group for group in optimizer.param_groups for p in group["params"]}
 
     def __call__(self, param, projector, update, state, refreshed):
         z = update.direction.double()
-        (mode,) = projector.factors if len(projector.factors) == 1 else (None,)
+        (mode,) = projector.factors  # one-sided projections (std): the rows of the basis lie along `mode`
         size = abs(update.step_size) * projector.scale
         inv_p = projector.inv_p.double() if projector.inv_p is not None else torch.ones(z.shape[mode], dtype=z.dtype)
         per_row = z.square().sum(dim=1 - mode) * (size * inv_p).square()
@@ -66,7 +66,7 @@ class Recorder:
                   "max_inv_p": inv_p.max().item()}
         if refreshed and projector.transition is not None:
             carried = projector.transition[mode].double().square().sum(dim=1)  # Σ_j B_ij² per new row
-            normalized = (z.abs() * abs(update.step_size) / self.lr[param]["lr"]).mean(dim=1 - mode)
+            normalized = (z.abs() * abs(update.step_size) / self.group[param]["lr"]).mean(dim=1 - mode)
             entering = carried < 0.5
             if entering.any():
                 record["entering"] = normalized[entering].mean().item()

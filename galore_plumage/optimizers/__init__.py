@@ -21,12 +21,10 @@ from .adamw import AdamWBackend, GaLoreAdamW, PlumageAdamW
 from .adamw8bit import AdamW8bitBackend, GaLoreAdamW8bit, PlumageAdamW8bit
 from .base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
 from .layerwise import LayerwiseOptimizer
-from .options import OPTIONS, check_options, option_defaults
+from .options import BY_KEY, OPTIONS, check_options, option_defaults
 from .realign import RULES
 from .sampled_step import SAMPLED_STEPS
 from .sgdm import GaLoreSGDM, PlumageSGDM, SGDMomentumBackend
-
-OPTION_KEYS = frozenset(option.key for option in OPTIONS)
 
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls for cls in (AdamWBackend, AdamW8bitBackend, AdafactorBackend, SGDMomentumBackend)
@@ -162,7 +160,7 @@ def check_optimizer_options(name: str, projector: str | None, options: dict, whe
     prefixes each message (formatted with the option's key and value)."""
     spec = optimizer_spec(name)
     for key, value in options.items():
-        if key not in OPTION_KEYS:
+        if key not in BY_KEY:
             continue
         prefix = where.format(key=key, value=value)
         if spec.projector is None:

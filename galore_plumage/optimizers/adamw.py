@@ -35,8 +35,6 @@ class AdamWBackend(Backend):
         check_non_negative(group, "lr", "eps", "weight_decay")
         check_betas(group["betas"])
 
-    row_bias_correction = True
-
     def update(self, state, grad, group, param, rows=None):
         beta1, beta2 = group["betas"]
         decay = group["lr"] * group["weight_decay"]

@@ -62,7 +62,6 @@ class Backend:
     name: ClassVar[str]
     defaults: ClassVar[dict[str, Any]]
     decay_first: ClassVar[bool] = False
-    row_bias_correction: ClassVar[bool] = False  # True: can bias-correct each basis row by its own age
 
     def validate(self, group: dict) -> None:
         """Raise ValueError naming any bad hyper-parameter of `group`."""
@@ -164,12 +163,14 @@ class LowRankOptimizer(Optimizer):
     def _validate_low_rank(self, group: dict, index: int) -> None:
         spec, backend = projector_spec(group["projector"]), self.backend  # unknown names fail here, listing the choices
         check_rule(group["realign"])
-        check_options({o.key: group[o.key] for o in OPTIONS}, where=f"low-rank group {index}: ")
-        if group["row_bias_correction"] and (not backend.row_bias_correction or spec.tensors or
-                                             group["proj_type"] == "full"):
-            raise ValueError(f"row_bias_correction=True (low-rank group {index}) needs the adamw backend and a one-sided "
-                             f"projection; got backend {backend.name!r}, projector {spec.name!r}, proj_type "
-                             f"{group['proj_type']!r}: drop row_bias_correction")
+        where = f"low-rank group {index}: "
+        check_options({o.key: group[o.key] for o in OPTIONS}, where=where)
+        # a row-bias correction switched on must fit this backend (the table's rule) and have one set of rows
+        if group["row_bias_correction"]:
+            check_options({"row_bias_correction": True}, backend.name, spec.cls, where)
+            if spec.tensors or group["proj_type"] == "full":
+                raise ValueError(f"row_bias_correction=True (low-rank group {index}) needs a one-sided projection; got "
+                                 f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop row_bias_correction")
         # the projector validates rank, gap, scale, proj_type, and tau_max against the gap
         build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):

@@ -27,6 +27,7 @@ from ..optimizers import (
     optimizer_spec,
     recommended_lr,
 )
+from ..optimizers.options import BY_KEY
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
 
@@ -146,9 +147,8 @@ def add_option_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
 
 def split_options(arguments: dict) -> tuple[dict, dict]:
     """(the other flags, the table's options that were given) from a parsed namespace's dict."""
-    keys = {option.key for option in OPTIONS}
-    given = {k: v for k, v in arguments.items() if k in keys and v is not None}
-    return {k: v for k, v in arguments.items() if k not in keys}, given
+    given = {k: v for k, v in arguments.items() if k in BY_KEY and v is not None}
+    return {k: v for k, v in arguments.items() if k not in BY_KEY}, given
 
 
 def add_flags(parser: argparse.ArgumentParser, config_class) -> argparse.ArgumentParser:
