@@ -35,7 +35,7 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     "plumage max_inv_p=3": ["--optimizer", "plumage_adamw", "--max_inv_p", "3"],
     # the paper's exact estimator, named in full so the arm does not move with the defaults ("plumage" is the default)
     "plumage paper": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "none",
-                      "--no-row_bias_correction"],
+                      "--no-row_bias_correction", "--resample_every", "0"],
     "lora": ["--peft", "lora", "--lora_alpha", "16"],
 }
 

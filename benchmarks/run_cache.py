@@ -14,12 +14,13 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_or_reuse(command: list[str], out: Path, result: Callable[[Path], dict | None], label: str,
                  report_only: bool = False, env: dict | None = None, keep_stderr: bool = False) -> dict | None:
     """`result(out)` of the run `command` writes into `out`: the finished one if `out/command.json` records this
-    command (the interpreter path aside), else a fresh run, or None with `report_only`. An unfinished or outdated
-    `out` is removed before running, so a curve is never appended to an older run's. With `keep_stderr` the run's
+    command (the interpreter and the script's folder aside: a copy of the repository elsewhere reuses them), else a
+    fresh run, or None with `report_only`. An unfinished or outdated `out` is removed before running, so a curve is
+    never appended to an older run's. With `keep_stderr` the run's
     standard error goes to `out/stderr.txt` (kept when the run fails, so the caller can tell why)."""
     recorded = out / "command.json"
     done = result(out)
-    if done is not None and recorded.exists() and json.loads(recorded.read_text()) == command[1:]:
+    if done is not None and recorded.exists() and _same_run(json.loads(recorded.read_text()), command[1:]):
         return done
     if report_only:
         return None
@@ -34,3 +35,9 @@ def run_or_reuse(command: list[str], out: Path, result: Callable[[Path], dict | 
     recorded.write_text(json.dumps(command[1:]))
     print(f"== {label} done", flush=True)
     return result(out)
+
+
+def _same_run(recorded: list[str], arguments: list[str]) -> bool:
+    """The same script (by name) with the same arguments."""
+    return (len(recorded) == len(arguments) and Path(recorded[0]).name == Path(arguments[0]).name
+            and recorded[1:] == arguments[1:])

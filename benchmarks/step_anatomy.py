@@ -35,14 +35,15 @@ from galore_plumage.training.loop import Batches, evaluate, make_optimizer, seed
 from galore_plumage.training.model import build_model, load_model_config  # noqa: E402
 from galore_plumage.training.schedule import build_scheduler  # noqa: E402
 
-PAPER = ["--sampled_step", "adaptive", "--max_inv_p", "none", "--no-row_bias_correction"]
+# PLUMAGE arms name the scale and every option, so an arm does not move when a default changes
+PAPER = ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "none", "--no-row_bias_correction",
+         "--resample_every", "0"]
 ARMS = {  # label -> torchrun_main.py optimizer flags
     "galore": ["--optimizer", "galore_adamw", "--galore_scale", "1.0"],
     "paper": ["--optimizer", "plumage_adamw", *PAPER],
-    "cap3": ["--optimizer", "plumage_adamw", *PAPER[:2], "--max_inv_p", "3", "--no-row_bias_correction"],
-    "norm_matched": ["--optimizer", "plumage_adamw", "--sampled_step", "norm_matched", "--max_inv_p", "none",
-                     "--no-row_bias_correction"],
-    "row_bias": ["--optimizer", "plumage_adamw", *PAPER[:4], "--row_bias_correction"],
+    "cap3": ["--optimizer", "plumage_adamw", *PAPER[:4], "--max_inv_p", "3", *PAPER[6:]],
+    "norm_matched": ["--optimizer", "plumage_adamw", *PAPER[:2], "--sampled_step", "norm_matched", *PAPER[4:]],
+    "row_bias": ["--optimizer", "plumage_adamw", *PAPER[:6], "--row_bias_correction", *PAPER[7:]],
 }
 BLOW_UP = 5.0  # a step this many times the weight's own median step
 

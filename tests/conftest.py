@@ -21,3 +21,26 @@ def _spectral_matrix(m: int, n: int, sigma, seed: int = 0, dtype: torch.dtype = 
 def spectral_matrix():
     """A factory: spectral_matrix(m, n, sigma, seed=0, dtype=float64) -> (G, U, sigma, V)."""
     return _spectral_matrix
+
+
+# Monte Carlo tolerances of the estimator tests. With N draws of an estimate Ĝ of mean E and trace variance V,
+# N‖mean − E‖²/V is a weighted sum of χ²₁ with weights summing to 1: above 9 with probability at most ~0.27 %.
+# The mean squared error is checked to 4 standard errors of its own sample.
+BIAS_FACTOR = 9.0
+SE_FACTOR = 4.0
+
+
+def _check_draws(estimates: torch.Tensor, mean: torch.Tensor, spread: float) -> None:
+    """Draws (N × shape) have mean `mean` and E‖Ĝ − mean‖² = `spread`, to Monte Carlo tolerance."""
+    draws = estimates.shape[0]
+    gap = (estimates.mean(0) - mean).square().sum().item()
+    assert gap < BIAS_FACTOR * spread / draws, (gap, spread / draws)
+    errors = (estimates - mean).flatten(1).square().sum(1)
+    se = errors.std().item() / draws**0.5
+    assert abs(errors.mean().item() - spread) < SE_FACTOR * se, (errors.mean().item(), spread, se)
+
+
+@pytest.fixture(scope="session")
+def check_draws():
+    """check_draws(estimates, mean, spread): the Monte Carlo check of an estimator's mean and spread."""
+    return _check_draws

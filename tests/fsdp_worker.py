@@ -25,13 +25,14 @@ from galore_plumage.optimizers import build_optimizer
 from galore_plumage.training.fsdp import load_optimizer, save_optimizer
 
 STEPS, SAVE_AT, GAP, RANK, BATCH = 7, 4, 3, 8, 64
+# PLUMAGE-Adam at scale 1 (its default is GaLore's 0.25), so the weights move far past each tolerance in 7 updates
 OPTIONS = {
     "galore_adamw": {"lr": 1e-2, "weight_decay": 0.01},
-    "plumage_adamw": {"lr": 1e-2, "weight_decay": 0.01},
+    "plumage_adamw": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0},
     # 300: the uneven 37 x 8 low-rank state stays fp32, the 64 x 8 one (32 x 8 = one 256-block per rank) is 8-bit
-    "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 300},
+    "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 300, "scale": 1.0},
     "plumage_adamw8bit_fp32": {  # the same backend with every state kept fp32 (bitsandbytes' 32-bit kernel)
-       "lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 10**9},
+       "lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 10**9, "scale": 1.0},
     "plumage_adafactor": {"lr": 1e-2, "weight_decay": 0.01, "relative_step": False, "scale_parameter": True,
                           "beta1": 0.9},
     "flora_adamw": {"lr": 1e-2, "weight_decay": 0.01},

@@ -27,6 +27,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "max_inv_p": (["--max_inv_p", "3"], 3.0),
     "sampled_step": (["--sampled_step", "norm_matched"], "norm_matched"),
     "row_bias_correction": (["--row_bias_correction"], True),
+    "resample_every": (["--resample_every", "5"], 5),
 }
 
 

@@ -198,7 +198,9 @@ def test_optimizer_realigns_at_a_refresh():
     """Through PlumageAdamW: at the refresh step M ← β₁·B M + (1−β₁) R, V ← β₂·(B∘B) V + (1−β₂) R²."""
     generator = torch.Generator().manual_seed(6)
     weight = torch.nn.Parameter(torch.randn(24, 16, generator=generator))
-    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 3}], lr=1e-2, betas=(0.9, 0.99))
+    # no draws between refreshes (they realign too: tests/test_resample.py), so the refresh's is the last transition
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 3}], lr=1e-2, betas=(0.9, 0.99),
+                             resample_every=0)
     group = optimizer.param_groups[0]
     for _ in range(3):
         weight.grad = torch.randn(24, 16, generator=generator)

@@ -26,6 +26,8 @@ CONFIGS = {  # name -> options; min_8bit_size=64 puts these small tensors on the
     # the remedies keep state of their own: the limiter's last norm, each row's bias-correction weights
     "plumage_adamw norm_matched": {"lr": 1e-2, "weight_decay": 0.1, "sampled_step": "norm_matched"},
     "plumage_adamw row_bias": {"lr": 1e-2, "weight_decay": 0.1, "row_bias_correction": True},
+    # a draw between refreshes: the pool, the draw count and the next draw's step are state
+    "plumage_adamw resample": {"lr": 1e-2, "weight_decay": 0.1, "sampled_step": "norm_matched", "resample_every": 1},
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -143,31 +145,33 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
     assert set(low_rank_group) == {
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
         "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
-        "sampled_step", "row_bias_correction",
+        "sampled_step", "row_bias_correction", "resample_every",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}
     assert set(state["projector"]) == {
         "name", "rank", "proj_type", "scale", "seed", "index", "tau", "refresh_count", "next_refresh", "shape",
-        "rank_per_mode", "stats", "dtype", "factors", "inv_p",
+        "rank_per_mode", "stats", "dtype", "factors", "inv_p", "pool",
     }
+    assert set(state["projector"]["pool"]) == {"vectors", "p", "draws", "next_resample"}  # resample_every (default 1)
     assert state["projector"]["name"] == "plumage" and set(state["projector"]["factors"]) == {0}
     assert state["exp_avg"].shape == state["exp_avg_sq"].shape == (4, 24)  # attn: 16 × 24, std → left, rank 4
 
 
 def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
-    """Group keys added since the first release (solver, max_inv_p, sampled_step, row_bias_correction) are missing
+    """Group keys added since the first release (solver, max_inv_p, sampled_step, row_bias_correction, resample_every) are missing
     from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
-    paper = {"sampled_step": "adaptive", "row_bias_correction": False}  # how runs before those keys were trained
+    paper = {"sampled_step": "adaptive", "row_bias_correction": False, "resample_every": 0}  # runs before those keys
     optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=GAP, lr=1e-2, **paper)
     for _ in range(SAVE_AFTER):
         _step(model, optimizer, generator)
     current = optimizer.state_dict()
     older = {"state": current["state"],
              "param_groups": [{k: v for k, v in g.items()
-                               if k not in ("solver", "max_inv_p", "sampled_step", "row_bias_correction")}
+                               if k not in ("solver", "max_inv_p", "sampled_step", "row_bias_correction",
+                                            "resample_every")}
                               for g in current["param_groups"]]}
     twins = []
     for state_dict in (current, older):
@@ -180,5 +184,6 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     low_rank = next(g for g in twin.param_groups if "rank" in g)
     assert low_rank["solver"] == "svd" and low_rank["max_inv_p"] is None  # the values it was written with
     assert low_rank["sampled_step"] == "adaptive" and low_rank["row_bias_correction"] is False
+    assert low_rank["resample_every"] == 0
     for a, b in zip(twins[0].parameters(), twins[1].parameters(), strict=True):
         assert torch.equal(a, b)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
+from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
 from .realign import realign_dense
 
 
@@ -99,9 +99,10 @@ class GaLoreAdamW(LowRankOptimizer):
 class PlumageAdamW(LowRankOptimizer):
     """AdamW on PLUMAGE's sampled projection, moments realigned (M and V) at every refresh.
 
-    Defaults: the paper's estimator (sampled_step="adaptive", scale=1.0, lr=1e-3). The best setting of the fair
-    protocol (docs/results.md §3) is sampled_step="norm_matched", scale=0.25, lr=1e-2: level with GaLore's recipe,
-    not yet the default (it fails parity checks under FSDP2 and per-layer accumulation; see the README)."""
+    Defaults: the fair protocol's choice (docs/results.md §3): sampled rows moved by their own gradient at the kept
+    rows' step size (sampled_step="norm_matched"), drawn anew from the refresh's top 2r vectors before every update
+    (resample_every=1), GaLore's recipe scale=0.25 and lr=1e-2. The paper's exact estimator: sampled_step="adaptive",
+    resample_every=0 (its documented setting also has scale=1.0 and lr=1e-3)."""
 
     backend = AdamWBackend()
-    class_defaults = PLUMAGE_DEFAULTS
+    class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAM_RECIPE}

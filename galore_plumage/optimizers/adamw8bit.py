@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
+from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
 from .realign import realign_dense
 
 BLOCKSIZE = 256  # bitsandbytes' block for 8-bit optimizer states
@@ -124,4 +124,4 @@ class PlumageAdamW8bit(LowRankOptimizer):
     """8-bit AdamW on PLUMAGE's projection; moments dequantized, realigned and requantized at refreshes."""
 
     backend = AdamW8bitBackend()
-    class_defaults = PLUMAGE_DEFAULTS
+    class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAM_RECIPE}

@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
     DTensor = None
 
 from ..projectors import Projector, build_projector, projector_spec
-from .options import OPTIONS, check_options, option_defaults, projector_keys
+from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .realign import check_rule
 from .sampled_step import norm_matched, restart_limiter
 
@@ -42,12 +42,25 @@ LOW_RANK_DEFAULTS: dict[str, Any] = {  # galore-torch's keys, then ours (the opt
 }
 PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "scale": 1.0,
                                     **option_defaults("plumage")}
+# PLUMAGE with Adam moments (AdamW, 8-bit AdamW) at the setting the fair protocol chose: GaLore's recipe (scale 0.25
+# on the projected update, one lr on every group) at its best lr (benchmarks/pretrain_protocol.py, docs/results.md §3)
+PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 1e-2, "scale": 0.25}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:
-    """The build_projector keyword arguments a low-rank group sets (name and rank are passed apart)."""
-    keys = ("proj_type", "update_proj_gap", "scale", "seed", *projector_keys())
-    return {**{key: group[key] for key in keys}, **overrides}
+    """The build_projector keyword arguments a low-rank group sets (name and rank are passed apart).
+
+    A plumage_* default that does not apply to the group's projector (resample_every under projector='svd') is left
+    out, so the projector keeps its own default; any other value reaches the projector, which refuses what it cannot do.
+    """
+    options = {key: group[key] for key in ("proj_type", "update_proj_gap", "scale", "seed")}
+    projector_cls = projector_spec(group["projector"]).cls
+    for key in projector_keys():
+        option = BY_KEY[key]
+        harmless = group[key] == option.plumage_default() and option.applies and option.applies("", projector_cls)
+        if not harmless:
+            options[key] = group[key]
+    return {**options, **overrides}
 
 
 class Update(NamedTuple):
@@ -93,6 +106,16 @@ def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group
         direction = norm_matched(update.direction, oriented, projector.inv_p, mode, state, total)
         update = update._replace(direction=direction)
     return update
+
+
+def resample_if_due(backend: Backend, state: dict, group: dict, projector: Projector) -> None:
+    """PLUMAGE's κ (resample_every): after an update, draw the sampled rows again from the refresh's pool for the
+    next one, and carry the moments to the new rows as a refresh would."""
+    if projector.resample_due(state["step"]):
+        projector.resample(state["step"])
+        backend.realign(state, projector, group["realign"])
+        restart_limiter(state)
+        state["projector"] = projector.state_dict()
 
 
 def apply_update(param: torch.Tensor, update: Update, projector: Projector | None, decay_first: bool) -> None:
@@ -221,6 +244,7 @@ class LowRankOptimizer(Optimizer):
         for observe in self.step_observers:
             observe(param, projector, update, state, refreshed)
         apply_update(param, update, projector, self.backend.decay_first)
+        resample_if_due(self.backend, state, group, projector)
 
     def _refresh(self, param, projector: Projector, grad, group, state) -> bool:
         """Refresh and realign; False when there is nothing sound to apply this step."""

@@ -70,6 +70,17 @@ def _needs_rescaling(backend: str, projector_cls) -> str | None:
     return None
 
 
+def _needs_sampling(backend: str, projector_cls) -> str | None:
+    if not projector_cls.rescales:
+        return f"it draws PLUMAGE's sample again, but projector {projector_cls.name!r} does not sample"
+    return None
+
+
+def _check_resample_every(value) -> None:
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"resample_every must be an integer >= 0 (0: draw only at a refresh), got {value!r}")
+
+
 def _needs_adamw(backend: str, projector_cls) -> str | None:
     return None if backend == "adamw" else f"it needs the adamw backend, not {backend!r}"
 
@@ -120,7 +131,12 @@ OPTIONS: tuple[Option, ...] = (
            (0.5, -1.0, math.nan, True, "3"), to_projector=True, parse=parse_cap, applies=_needs_rescaling),
     Option("sampled_step", "adaptive", "plumage: how sampled (p < 1) rows move: 'adaptive' (the paper: the backend's "
            "normalized step, then 1/p) or 'norm_matched' (their own gradient at the kept rows' step size)",
-           _check_choice("sampled_step", SAMPLED_STEPS), ("fira", None, 1), choices=SAMPLED_STEPS),
+           _check_choice("sampled_step", SAMPLED_STEPS), ("fira", None, 1), plumage="norm_matched",
+           choices=SAMPLED_STEPS),
+    Option("resample_every", 0, "plumage: draw the sampled rows again every this many updates from the refresh's "
+           "top 2·rank singular vectors, moving the moments along (the paper's κ); 0 = only at a refresh",
+           _check_resample_every, (-1, 1.5, True, "2", None), plumage=1, to_projector=True, parse=int,
+           applies=_needs_sampling),
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
            "at a refresh starts at Adam's step size", _check_bool("row_bias_correction"), ("yes", 1, None),
            applies=_needs_adamw),

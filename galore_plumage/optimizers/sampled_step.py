@@ -13,6 +13,8 @@ project_back. The rules for the low-rank direction Z that project_back receives 
                    A norm-growth limiter (Fira's) keeps ‖D⁻¹ Z_sampled‖ within 1.01x its previous value inside a
                    refresh interval; a refresh draws new rows, so it starts a new series (without that reset the
                    limiter ratchets: one small value after a refresh freezes the sampled part for the whole run).
+                   A draw between refreshes (resample_every) also brings new rows, so it restarts the series too:
+                   with a draw before every update the limiter never holds anything.
 
 With no kept row (r* = 0), φ is measured on all rows. Projectors that do not sample (svd, random) have no
 sampled rows, and every rule is the backend's update.
@@ -26,6 +28,10 @@ import torch
 
 SAMPLED_STEPS = ("adaptive", "norm_matched")
 NORM_GROWTH_LIMIT = 1.01  # Fira's γ: the sampled part's norm may grow by at most 1 % a step
+# A row counts as sampled when 1/p exceeds 1 by more than this. A spectrum whose tail is rounding noise gives its last
+# real direction p = 1 − O(ε) (float32: the SVD's ε·σ₁ values share its slot): in effect kept, and counted as kept, so
+# it takes the backend's step as it would with exact σ (an FSDP2 refresh zeroes that noise and gets p = 1 exactly)
+KEPT_TOLERANCE = 1e-3
 
 
 def restart_limiter(state: dict) -> None:
@@ -35,12 +41,12 @@ def restart_limiter(state: dict) -> None:
 
 def norm_matched(direction: torch.Tensor, low_grad: torch.Tensor, inv_p: torch.Tensor, mode: int, state: dict,
                  total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> torch.Tensor:
-    """Z with its sampled rows (inv_p != 1, along axis `mode`) replaced by φ ⊙ R, limited in norm growth.
+    """Z with its sampled rows (1/p > 1 + KEPT_TOLERANCE, along axis `mode`) replaced by φ ⊙ R, limited in norm growth.
 
     `state["sampled_norm"]` keeps the previous ‖D⁻¹ Z_sampled‖ for the limiter. `total` sums a squared norm over
     the pieces of a sharded tensor (identity for a whole one), so every shard scales alike.
     """
-    sampled = inv_p != 1
+    sampled = inv_p > 1 + KEPT_TOLERANCE
     if not bool(sampled.any()):
         return direction
     shape = [1] * direction.dim()
@@ -48,7 +54,8 @@ def norm_matched(direction: torch.Tensor, low_grad: torch.Tensor, inv_p: torch.T
     reference = (~sampled if bool((~sampled).any()) else torch.ones_like(sampled)).view(shape)
     z_norm = (direction * reference).norm(dim=mode, keepdim=True)
     r_norm = (low_grad * reference).norm(dim=mode, keepdim=True)
-    phi = z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny)
+    # a column with no kept gradient (a zero gradient) gives no scale: its sampled rows do not move (0 · ∞ is NaN)
+    phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
     mask = sampled.view(shape)
     tail = low_grad * phi * mask
     size = total((tail * inv_p.view(shape).to(tail.dtype)).square().sum()).sqrt()

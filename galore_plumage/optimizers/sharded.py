@@ -39,7 +39,7 @@ from ..projectors import build_projector, projected_modes, projector_spec, refre
 from ..projectors.svd import Singular, eigh_gram
 from .adafactor import AdafactorBackend
 from .adamw8bit import BLOCKSIZE
-from .base import Backend, apply_update, low_rank_update, projector_options
+from .base import Backend, apply_update, low_rank_update, projector_options, resample_if_due
 from .sampled_step import restart_limiter
 
 # state tensors whose dim 0 is the weight's (sharded) rows; absmax (8-bit) is one block list per rank
@@ -179,6 +179,7 @@ class Sharding:
         group = self._group_for(group, param.shape[0] * low.shape[1])
         update = low_rank_update(backend, state, low, group, weight, projector, total=partial(_all_reduced, param))
         apply_update(weight, update, projector, backend.decay_first)
+        resample_if_due(backend, state, group, projector)
 
     def _group_for(self, group: dict, global_numel: int) -> dict:
         """8-bit's min_8bit_size is decided on the whole tensor, so every rank keeps the same state layout."""

@@ -39,6 +39,16 @@ class Basis:
     factors: dict[int, torch.Tensor]  # mode -> dim_k × r_k
     inv_p: torch.Tensor | None = None  # 1/p of the sampled directions (one-sided PLUMAGE), float
     stats: dict[str, float] = field(default_factory=dict)
+    pool: Pool | None = None  # what a resample draws from until the next refresh (PLUMAGE with resample_every)
+
+
+@dataclass
+class Pool:
+    """The candidates of a refresh that later draws choose from: the top K singular vectors of one side
+    (dim × K) and their inclusion probabilities (K, float64 on the CPU, Σp = rank)."""
+
+    vectors: torch.Tensor
+    p: torch.Tensor
 
 
 def projected_modes(shape: torch.Size | tuple[int, ...], proj_type: str) -> tuple[int, ...]:
@@ -63,15 +73,18 @@ def mode_product(x: torch.Tensor, matrix: torch.Tensor, mode: int) -> torch.Tens
     return torch.movedim(torch.tensordot(matrix, x, dims=([1], [mode])), 0, mode)
 
 
-def refresh_generator(seed: int, index: int, count: int) -> torch.Generator:
+def refresh_generator(seed: int, index: int, count: int, draw: int = 0) -> torch.Generator:
     """The generator for refresh number `count` of parameter `index`: a pure function of the three.
+
+    `draw` > 0 numbers the resamples inside that refresh interval (PLUMAGE's κ); draw 0 is the refresh itself
+    and gives the same generator as before resampling existed, so older runs repeat exactly.
 
     Data-parallel ranks therefore draw the same bases without communicating, a resumed run repeats
     the uninterrupted one, and nothing depends on (or disturbs) the global RNG. Always a CPU generator,
     so the draws are also the same on every device.
     """
     state = 0
-    for value in (seed, index, count):
+    for value in (seed, index, count, *((draw,) if draw else ())):
         state = _splitmix64(state ^ (int(value) & _MASK64))
     generator = torch.Generator(device="cpu")
     generator.manual_seed(state >> 1)  # manual_seed takes 63 bits
@@ -109,6 +122,7 @@ class Projector:
         tau_max: int | None = None,
         solver: str = "svd",
         max_inv_p: float | None = None,
+        resample_every: int = 0,
     ):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
@@ -129,6 +143,11 @@ class Projector:
             if not self.rescales:
                 raise ValueError(f"max_inv_p={max_inv_p!r} caps PLUMAGE's 1/p rescaling, but projector {self.name!r} "
                                  "does not rescale; use projector='plumage' or leave max_inv_p unset")
+        if isinstance(resample_every, bool) or not isinstance(resample_every, int) or resample_every < 0:
+            raise ValueError(f"resample_every must be an integer >= 0 (0: draw only at a refresh), got {resample_every!r}")
+        if resample_every and not self.rescales:
+            raise ValueError(f"resample_every={resample_every!r} draws PLUMAGE's sample again, but projector "
+                             f"{self.name!r} does not sample; use projector='plumage' or leave resample_every at 0")
         tau_max = DEFAULT_TAU_MAX_FACTOR * update_proj_gap if tau_max is None else tau_max
         if isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < update_proj_gap:
             raise ValueError(f"tau_max must be an integer >= update_proj_gap={update_proj_gap}, got {tau_max!r}")
@@ -139,6 +158,10 @@ class Projector:
         self.tau = update_proj_gap
         self.solver = solver
         self.max_inv_p = None if max_inv_p is None or max_inv_p == math.inf else float(max_inv_p)  # inf: no cap
+        self.resample_every = resample_every
+        self.pool: Pool | None = None
+        self.draws = 0  # resamples since the last refresh
+        self.next_resample = 0
         self.shape: tuple[int, ...] | None = None
         self._rank_per_mode: dict[int, int] = {}
         self.factors: dict[int, torch.Tensor] = {}
@@ -214,9 +237,32 @@ class Projector:
             if self.adaptive_interval:
                 self.tau = next_interval(rho, self.tau, self.tau_min, self.tau_max)
         self.factors, self.inv_p = basis.factors, basis.inv_p
+        self.pool, self.draws = basis.pool, 0
         self.refresh_count += 1
         self.next_refresh = step + self.tau
+        self.next_resample = step + self.resample_every
         self.stats.update(basis.stats, refreshes=self.refresh_count, tau=self.tau)
+
+    def resample_due(self, step: int) -> bool:
+        """True when the sampled rows are to be drawn again before update `step` (never on a refresh's own step, and
+        never when every direction of the pool is kept: a draw would repeat the basis)."""
+        return (self.pool is not None and self.resample_every > 0 and self.next_resample <= step < self.next_refresh
+                and bool((self.pool.p < 1).any()))
+
+    def resample(self, step: int) -> None:
+        """Draw the basis again from the last refresh's pool (sets `transition`, as a refresh does)."""
+        self.draws += 1
+        generator = refresh_generator(self.seed, self.index, self.refresh_count - 1, self.draws)
+        old = self.factors
+        ((mode, rank),) = self._rank_per_mode.items()
+        self.factors, self.inv_p = self._draw(self.pool, generator, mode, rank)
+        self.transition = {k: self.factors[k].T @ old[k].to(self.factors[k]) for k in self.factors}
+        self.next_resample = step + self.resample_every
+        self.stats["resamples"] = self.stats.get("resamples", 0) + 1
+
+    def _draw(self, pool: Pool, generator: torch.Generator, mode: int,
+              rank: int) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+        raise NotImplementedError(f"projector {self.name!r} does not resample")
 
     # ----------------------------------------------------------------- the maps
     def project(self, grad: torch.Tensor) -> torch.Tensor:
@@ -272,6 +318,9 @@ class Projector:
             state["factors"] = dict(self.factors)
         if self.inv_p is not None:
             state["inv_p"] = self.inv_p
+        if self.pool is not None:
+            state["pool"] = {"vectors": self.pool.vectors, "p": self.pool.p, "draws": self.draws,
+                             "next_resample": self.next_resample}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -288,6 +337,9 @@ class Projector:
         else:
             self.factors = self._regenerate(getattr(torch, state["dtype"]))
         self.inv_p = state.get("inv_p")
+        pool = state.get("pool")
+        self.pool = Pool(pool["vectors"], pool["p"]) if pool is not None else None
+        self.draws, self.next_resample = (pool["draws"], pool["next_resample"]) if pool is not None else (0, 0)
         self.transition = None
 
     def _regenerate(self, dtype: torch.dtype) -> dict[int, torch.Tensor]:
@@ -306,6 +358,8 @@ class Projector:
         if self.factors and next(iter(self.factors.values())).device != device:
             self.factors = {k: f.to(device) for k, f in self.factors.items()}
             self.inv_p = self.inv_p.to(device) if self.inv_p is not None else None
+            if self.pool is not None:
+                self.pool = Pool(self.pool.vectors.to(device), self.pool.p)
 
     def _check_shape(self, grad: torch.Tensor) -> None:
         if grad.dim() < 2 or (grad.dim() > 2 and not self.tensors):

@@ -9,13 +9,22 @@ estimate becomes biased, E[Ĝ] = Σ min(1, c·p_i) σ_i u_i v_iᵀ, but no direc
 times. Why one would: an adaptive backend (Adam, Adafactor) normalizes every low-rank coordinate to O(1) before
 D⁻¹, so a direction sampled with p = 1e-4 moves 1e4 times as far as a kept one although its gradient is tiny
 (docs/results.md, "Capping 1/p").
+
+`resample_every` = κ > 0 (the paper's κ) keeps the top K = 2r singular vectors of a refresh as a pool and draws the r
+directions again from it every κ updates (Projector.resample; the optimizer carries the moments along), so a tail
+direction is not followed for a whole refresh interval. p is then the min-variance one for σ[:K]: each draw is
+unbiased for G's rank-K truncation, and the pool's p (K values) and vectors (dim × K) are saved with the projector.
 """
 
 from __future__ import annotations
 
-from .base import Basis, Projector
+import torch
+
+from .base import Basis, Pool, Projector
 from .sampling import inclusion_probabilities, systematic_sample
 from .svd import decompose
+
+POOL_FACTOR = 2  # resample_every > 0: a refresh keeps the top 2·rank singular vectors as the candidates of its draws
 
 
 class PlumageProjector(Projector):
@@ -33,14 +42,34 @@ class PlumageProjector(Projector):
     def _basis_from_spectrum(self, decomposition, ranks, generator):
         ((mode, rank),) = ranks.items()
         sigma = decomposition.sigma
+        if self.resample_every:
+            # later draws choose among the top K vectors only, so this refresh's p is the min-variance one for
+            # σ[:K]: the estimate is unbiased for G's rank-K truncation (the tail past K is not in the pool)
+            sigma = sigma[: min(sigma.numel(), POOL_FACTOR * rank)]
         r_star, p = inclusion_probabilities(sigma, rank)
         chosen = systematic_sample(p, rank, generator)
-        p_chosen = p[chosen]
-        inv_p = 1.0 / p_chosen
+        chosen_p = p[chosen]
+        pool = None
+        if self.resample_every:  # kept even when every slot is (no draw then): a checkpoint's layout stays fixed
+            pool = Pool(decomposition.factor(mode, slice(0, sigma.numel())), p)
+            factor = pool.vectors[:, chosen.to(sigma.device)].clone()
+        else:
+            factor = decomposition.factor(mode, chosen.to(sigma.device))
+        inv_p = self._inv_p(chosen_p, sigma)
         # max_inv_p in the stats is the estimator's own largest 1/p; "capped" counts the directions the cap cut
-        stats = {"r_star": r_star, "min_p": p_chosen.min().item(), "max_inv_p": inv_p.max().item()}
+        stats = {"r_star": r_star, "min_p": chosen_p.min().item(), "max_inv_p": 1.0 / chosen_p.min().item()}
         if self.max_inv_p is not None:
-            stats["capped"] = int((inv_p > self.max_inv_p).sum())
+            stats["capped"] = int((1.0 / chosen_p > self.max_inv_p).sum())
+        return Basis({mode: factor}, inv_p=inv_p, stats=stats, pool=pool)
+
+    def _draw(self, pool, generator, mode, rank):
+        """`rank` of the pool's vectors drawn with its probabilities (side `mode`), and their 1/p (capped)."""
+        chosen = systematic_sample(pool.p, rank, generator)
+        factor = pool.vectors[:, chosen.to(pool.vectors.device)].clone()
+        return {mode: factor}, self._inv_p(pool.p[chosen], pool.vectors)
+
+    def _inv_p(self, chosen_p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        inv_p = 1.0 / chosen_p
+        if self.max_inv_p is not None:
             inv_p = inv_p.clamp(max=self.max_inv_p)
-        factor = decomposition.factor(mode, chosen.to(sigma.device))
-        return Basis({mode: factor}, inv_p=inv_p.to(device=sigma.device, dtype=sigma.dtype), stats=stats)
+        return inv_p.to(device=like.device, dtype=like.dtype)

@@ -1,0 +1,131 @@
+"""PLUMAGE's κ (resample_every): the sampled rows drawn again between refreshes from the refresh's pool.
+
+A refresh keeps the top K = POOL_FACTOR·r singular vectors and their min-variance inclusion probabilities for σ[:K];
+each draw picks r of them with those probabilities. Checked here: a draw is unbiased for G's rank-K truncation with
+the closed-form spread Σ_{i<K} (1/p_i − 1) σ_i² (Monte Carlo, test_plumage_estimator's χ² tolerance); kept
+directions are in every draw and their moments pass through a draw unchanged, new ones start from zero; the
+schedule never draws on a refresh's step; and a draw is refused by projectors that do not sample.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from galore_plumage import PlumageAdamW
+from galore_plumage.projectors import PlumageProjector, SVDProjector, inclusion_probabilities
+from galore_plumage.projectors.plumage import POOL_FACTOR
+
+M, N_COLS, K = 24, 16, 4
+SIGMA = [1.0 / i for i in range(1, N_COLS + 1)]  # r* = 1 at k = 4; the pool is the top 8 of 16
+N_DRAWS = 800
+POWER = 90.0  # the mean must be this many times the bias tolerance away from G (conftest's BIAS_FACTOR is 9)
+
+
+def _refreshed(g, side="right", seed=3):
+    projector = PlumageProjector(K, proj_type=side, update_proj_gap=10_000, seed=seed, resample_every=1)
+    projector.refresh(g, 0)
+    return projector
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_draws_are_unbiased_for_the_pool_truncation_with_the_closed_form_spread(spectral_matrix, check_draws, side):
+    g, u, sigma, v = spectral_matrix(M, N_COLS, SIGMA, seed=0)
+    pool = POOL_FACTOR * K
+    r_star, p = inclusion_probabilities(sigma[:pool], K)
+    assert 0 < r_star < K
+    truncated = u[:, :pool] @ torch.diag(sigma[:pool]) @ v[:, :pool].T
+    spread = ((1.0 / p - 1.0) * sigma[:pool].square()).sum().item()
+
+    projector = _refreshed(g, side)
+    estimates = []
+    for step in range(1, N_DRAWS + 1):
+        projector.resample(step)
+        estimates.append(projector.project_back(projector.project(g)))
+    estimates = torch.stack(estimates)
+
+    check_draws(estimates, truncated, spread)
+    # The check has power: the tail past the pool is left out, so the mean is far from G itself.
+    assert (estimates.mean(0) - g).square().sum().item() > POWER * spread / N_DRAWS
+    assert projector.stats["resamples"] == N_DRAWS and projector.refresh_count == 1
+
+
+def test_kept_directions_are_in_every_draw_and_their_moments_carry_over(spectral_matrix):
+    g, *_ = spectral_matrix(M, N_COLS, SIGMA, seed=1)
+    projector = _refreshed(g)
+    (mode, vectors), = ((m, projector.pool.vectors) for m in projector.factors)
+    r_star = int((projector.pool.p == 1).sum())
+    changed = 0
+    for step in range(1, 40):
+        old = projector.factors[mode]
+        moments = torch.randn(M, K, dtype=old.dtype)  # the right side: one column per basis vector
+        projector.resample(step)
+        new = projector.factors[mode]
+        assert torch.equal(new[:, :r_star], vectors[:, :r_star])  # the kept ones, first (indices are sorted)
+        carried = projector.transport(moments)
+        for j in range(K):
+            match = [i for i in range(K) if torch.equal(new[:, j], old[:, i])]
+            expected = moments[:, match[0]] if match else torch.zeros(M, dtype=old.dtype)
+            torch.testing.assert_close(carried[:, j], expected, atol=1e-12, rtol=0)
+        changed += not torch.equal(new, old)
+    assert changed > 10  # the sampled rows do move
+
+
+def test_the_optimizer_draws_between_refreshes_only():
+    torch.manual_seed(0)
+    weight = nn.Parameter(torch.randn(16, 24))
+    gap, every, updates = 10, 5, 25
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 6, "update_proj_gap": gap, "resample_every": every}],
+                             lr=1e-3)
+    draws_seen = []
+    for _ in range(updates):
+        weight.grad = torch.randn(16, 24) @ torch.diag(torch.logspace(0, -3, 24))
+        optimizer.step()
+        projector = optimizer._projectors[weight]
+        draws_seen.append(projector.stats.get("resamples", 0))
+    # refreshes start updates 1, 11, 21; a draw after update 10 or 20 would be thrown away by the refresh that
+    # follows, so there is none: draws after updates 5, 15, 25
+    drawn_after = [i + 1 for i in range(updates) if draws_seen[i] > (draws_seen[i - 1] if i else 0)]
+    assert drawn_after == [5, 15, 25]
+    assert projector.refresh_count == 3
+    assert optimizer.state[weight]["projector"]["pool"]["draws"] == 1  # the saved state follows every draw
+
+
+def test_with_every_slot_kept_there_is_nothing_to_draw(spectral_matrix):
+    g, *_ = spectral_matrix(M, K, [1.0, 0.5, 0.25, 0.125], seed=2)  # min(m, n) = rank: every direction is kept
+    with pytest.warns(UserWarning, match="saves no memory"):
+        projector = _refreshed(g)
+    assert projector.pool is not None and not projector.resample_due(1)  # a pool (fixed layout), but no draw
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2", None])
+def test_a_bad_interval_is_refused_naming_it(bad):
+    with pytest.raises(ValueError, match=rf"resample_every must be an integer >= 0 .*got {bad!r}"):
+        PlumageProjector(K, resample_every=bad)
+
+
+def test_a_projector_that_does_not_sample_refuses_it():
+    with pytest.raises(ValueError, match="resample_every=2 draws PLUMAGE's sample again, but projector 'svd'"):
+        SVDProjector(K, resample_every=2)
+
+
+def test_the_optimizer_carries_the_moments_to_each_draw():
+    """After an update with a draw, M and V are the update's moments moved by B and B∘B of the draw."""
+    generator = torch.Generator().manual_seed(6)
+    weight = nn.Parameter(torch.randn(24, 16, generator=generator))
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 100, "resample_every": 1}], lr=1e-2)
+    updated = {}
+    optimizer.step_observers.append(
+        lambda param, projector, update, state, refreshed: updated.update(
+            m=state["exp_avg"].clone(), v=state["exp_avg_sq"].clone()))
+    moved = 0
+    for _ in range(6):
+        weight.grad = torch.randn(24, 16, generator=generator) @ torch.diag(torch.logspace(0, -2, 16))
+        optimizer.step()
+        projector, state = optimizer._projectors[weight], optimizer.state[weight]
+        torch.testing.assert_close(state["exp_avg"], projector.transport(updated["m"]), rtol=0, atol=1e-7)
+        torch.testing.assert_close(state["exp_avg_sq"], projector.transport(updated["v"], squared=True), rtol=0,
+                                   atol=1e-7)
+        moved += not torch.equal(state["exp_avg"], updated["m"])
+    assert moved >= 3 and projector.stats["resamples"] == 6
