@@ -174,3 +174,20 @@ def test_tied_weights_are_routed_once():
     assert sorted(grouped) == sorted(id(p) for p in model.parameters())
     low = {r.name for r in optimizer.routing if r.low_rank}
     assert "layers.0.mlp.up_proj.weight" in low and "embed_tokens.weight" not in low
+
+
+def test_the_callers_groups_are_left_as_given():
+    """The README's drop-in: one list of groups builds GaLoreAdamW, then PlumageAdamW with its own defaults."""
+    from galore_plumage import GaLoreAdamW, PlumageAdamW
+
+    model = _model()
+    weights = [p for p in model.parameters() if p.dim() == 2]
+    others = [p for p in model.parameters() if p.dim() != 2]
+    groups = [{"params": others}, {"params": weights, "rank": 4, "update_proj_gap": 10, "proj_type": "std"}]
+    given = [dict(group) for group in groups]
+    GaLoreAdamW(groups, lr=1e-2)
+    assert groups == given  # no key filled in, none changed
+    plumage = PlumageAdamW(groups)
+    low_rank = next(g for g in plumage.param_groups if "rank" in g)
+    assert (low_rank["projector"], low_rank["lr"], low_rank["scale"]) == ("plumage", 1e-2, 0.25)
+    assert low_rank["params"] == weights and groups == given

@@ -165,6 +165,9 @@ class LowRankOptimizer(Optimizer):
         # diagnostics: each is called as observe(param, projector, update, state, refreshed) after a low-rank
         # weight's update is computed and before it is applied (benchmarks/step_anatomy.py); empty in training
         self.step_observers: list = []
+        # torch fills the defaults into the group dicts it is given: copy them, so the caller's groups can build
+        # another optimizer (GaLoreAdamW(groups), then PlumageAdamW(groups)) without inheriting this one's settings
+        params = [dict(group) if isinstance(group, dict) else group for group in params]
         super().__init__(params, {**known, **self.class_defaults, **options})
 
     # ----------------------------------------------------------------- groups

@@ -2,7 +2,7 @@
 # LLaMA-7B (configs/llama_7b.json) pretrained on C4 with PLUMAGE-AdamW.
 # Reproduces the 7B run of GaLore's C4 benchmark: same model, data, tokenizer, 512 sequences x 256 tokens
 # per update, 150000 update steps, rank 1024. What differs is the projector (PLUMAGE, moments realigned
-# with "mv"), lr 1e-3 / scale 1.0 (the script's defaults), refresh every 200 steps and no gradient clipping (GaLore's 7B: SVD,
+# with "mv"), its recommended lr 1e-2 / scale 0.25 (the script's defaults for plumage_adamw), refresh every 200 steps and no gradient clipping (GaLore's 7B: SVD,
 # lr 5e-3, scale 0.25, refresh every 500 steps, --grad_clipping 1.0; append those flags to match it).
 # Hardware assumed: 8 GPUs with 80 GB each, one node. Batch 8 per GPU -> 8 accumulation steps.
 # GaLore ran 8 nodes x 8 A100 (no accumulation); --standalone is one node only, so for several nodes run

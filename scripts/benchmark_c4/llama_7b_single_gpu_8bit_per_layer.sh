@@ -3,7 +3,7 @@
 # (each weight steps inside its gradient hook, so full-size gradients never accumulate) and activation
 # checkpointing. Reproduces GaLore's single-GPU 7B recipe (8-bit GaLore-Adam per layer, batch 16 per step,
 # 512 sequences x 256 tokens per update, 150000 update steps, rank 1024) with the PLUMAGE projector,
-# lr 1e-3 / scale 1.0 (the script's defaults), refresh every 200 steps (GaLore: SVD, lr 5e-3, scale 0.25, refresh every 500).
+# its recommended lr 1e-2 / scale 0.25 (the script's defaults for plumage_adamw8bit), refresh every 200 steps (GaLore: SVD, lr 5e-3, scale 0.25, refresh every 500).
 # Hardware assumed: a single GPU with 24 GB or more (GaLore reports 22.8 GB for its version of this recipe
 # on an RTX 4090; not measured here). Batch 16 -> 32 accumulation steps per update.
 # No gradient clipping: per-layer updates step before a global gradient norm exists, so clipping is
