@@ -101,8 +101,8 @@ class PlumageAdamW(LowRankOptimizer):
 
     Defaults: the fair protocol's choice (docs/results.md §3): sampled rows moved by their own gradient at the kept
     rows' step size (sampled_step="norm_matched"), drawn anew from the refresh's top 2r vectors before every update
-    (resample_every=1), GaLore's recipe scale=0.25 and lr=1e-2. The paper's exact estimator: sampled_step="adaptive",
-    resample_every=0 (its documented setting also has scale=1.0 and lr=1e-3)."""
+    (resample_every=1), GaLore's recipe scale=0.25, and lr=3e-3 (its best on llama_tiny). The paper's exact
+    estimator: sampled_step="adaptive", resample_every=0 (its documented setting also has scale=1.0 and lr=1e-3)."""
 
     backend = AdamWBackend()
     class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAM_RECIPE}

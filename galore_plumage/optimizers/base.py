@@ -44,7 +44,7 @@ PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "sc
                                     **option_defaults("plumage")}
 # PLUMAGE with Adam moments (AdamW, 8-bit AdamW) at the setting the fair protocol chose: GaLore's recipe (scale 0.25
 # on the projected update, one lr on every group) at its best lr (benchmarks/pretrain_protocol.py, docs/results.md §3)
-PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 1e-2, "scale": 0.25}
+PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 3e-3, "scale": 0.25}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:
