@@ -3,7 +3,7 @@
     python scripts/compare_optimizers.py                      # llama_tiny, 300 updates each (make compare)
     python scripts/compare_optimizers.py --steps 50 --model_config configs/llama_micro.json
 
-Each optimizer runs its published recipe (AdamW and PLUMAGE: lr 1e-3, scale 1; GaLore: lr 1e-2, scale 0.25);
+Each optimizer runs its published recipe (AdamW and the paper's PLUMAGE: lr 1e-3, scale 1; GaLore: lr 1e-2, scale 0.25);
 everything else is shared. Results: docs/compare.md and docs/compare_loss.png (runs under runs/compare/).
 """
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {
     "adamw": ["--lr", "1e-3"],
     "galore_adamw": ["--lr", "1e-2", "--galore_scale", "0.25"],
-    "plumage_adamw": ["--lr", "1e-3"],
+    "plumage_adamw": ["--lr", "1e-3", "--galore_scale", "1.0", "--sampled_step", "adaptive", "--resample_every", "0"],
 }
 
 
