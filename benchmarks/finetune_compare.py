@@ -36,6 +36,9 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     # the paper's exact estimator, named in full so the arm does not move with the defaults ("plumage" is the default)
     "plumage paper": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "none",
                       "--no-row_bias_correction", "--resample_every", "0"],
+    # a lead for fine-tuning (session 6): every drawn row takes Adam's step, none amplified by 1/p, drawn anew each update
+    "plumage cap1 resample": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
+                              "--resample_every", "1"],
     "lora": ["--peft", "lora", "--lora_alpha", "16"],
 }
 
