@@ -29,11 +29,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from plot_runs import load_run, plot_losses  # noqa: E402
+from plumage_flags import plumage_flags  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
 LRS = (1e-3, 3e-3, 1e-2)
-PAPER = ["--sampled_step", "adaptive", "--max_inv_p", "none", "--no-row_bias_correction", "--resample_every", "0"]
-NORM_MATCHED = ["--sampled_step", "norm_matched", *PAPER[2:]]
+PAPER = plumage_flags()
+NORM_MATCHED = plumage_flags(sampled_step="norm_matched")
 # label -> (optimizer, extra flags, lr grid). Every arm names its scale and its PLUMAGE options, so an arm does not
 # move when a default changes. Grids were widened where the best lr fell on an edge of the first one.
 ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
@@ -42,14 +43,15 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "galore_recipe": ("galore_adamw", ["--galore_scale", "0.25"], (1e-3, 3e-3, 1e-2, 3e-2)),
     "plumage_paper": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER], (1e-4, 3e-4, 1e-3)),
     # the remedies, one at a time on the paper's estimator (scale 1, as the paper documents it)
-    "plumage_cap3": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER[:2], "--max_inv_p", "3", *PAPER[4:]], LRS),
+    "plumage_cap3": ("plumage_adamw", ["--galore_scale", "1.0", *plumage_flags(max_inv_p=3)], LRS),
     "plumage_norm_matched": ("plumage_adamw", ["--galore_scale", "1.0", *NORM_MATCHED], LRS),
-    "plumage_row_age": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER[:4], "--row_bias_correction", *PAPER[5:]],
+    "plumage_row_age": ("plumage_adamw", ["--galore_scale", "1.0", *plumage_flags(row_bias_correction=True)],
                         (1e-3,)),
     # GaLore's recipe with the norm-matched sampled step
     "plumage_norm_matched_recipe": ("plumage_adamw", ["--galore_scale", "0.25", *NORM_MATCHED], (*LRS, 3e-2)),
     # ... and the paper's κ = 1: the sampled rows drawn again before every update from the refresh's top 2r vectors
-    "plumage_nm_resample": ("plumage_adamw", ["--galore_scale", "0.25", *NORM_MATCHED[:-1], "1"], (1e-3, 3e-3, 1e-2)),
+    "plumage_nm_resample": ("plumage_adamw", ["--galore_scale", "0.25",
+                                              *plumage_flags(sampled_step="norm_matched", resample_every=1)], (1e-3, 3e-3, 1e-2)),
 }
 REFERENCE = "galore_recipe"
 

@@ -29,21 +29,22 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from plumage_flags import plumage_flags  # noqa: E402 - benchmarks/ is on sys.path when this file runs
+
 from galore_plumage.training.config import parse_config  # noqa: E402
 from galore_plumage.training.distributed import init_distributed  # noqa: E402
 from galore_plumage.training.loop import Batches, evaluate, make_optimizer, seed_everything  # noqa: E402
 from galore_plumage.training.model import build_model, load_model_config  # noqa: E402
 from galore_plumage.training.schedule import build_scheduler  # noqa: E402
 
-# PLUMAGE arms name the scale and every option, so an arm does not move when a default changes
-PAPER = ["--galore_scale", "1.0", "--sampled_step", "adaptive", "--max_inv_p", "none", "--no-row_bias_correction",
-         "--resample_every", "0"]
+# every PLUMAGE arm at the paper's scale and with each option named, so the arms do not move with the defaults
+PAPER_SCALE = ["--galore_scale", "1.0"]
 ARMS = {  # label -> torchrun_main.py optimizer flags
     "galore": ["--optimizer", "galore_adamw", "--galore_scale", "1.0"],
-    "paper": ["--optimizer", "plumage_adamw", *PAPER],
-    "cap3": ["--optimizer", "plumage_adamw", *PAPER[:4], "--max_inv_p", "3", *PAPER[6:]],
-    "norm_matched": ["--optimizer", "plumage_adamw", *PAPER[:2], "--sampled_step", "norm_matched", *PAPER[4:]],
-    "row_bias": ["--optimizer", "plumage_adamw", *PAPER[:6], "--row_bias_correction", *PAPER[7:]],
+    "paper": ["--optimizer", "plumage_adamw", *PAPER_SCALE, *plumage_flags()],
+    "cap3": ["--optimizer", "plumage_adamw", *PAPER_SCALE, *plumage_flags(max_inv_p=3)],
+    "norm_matched": ["--optimizer", "plumage_adamw", *PAPER_SCALE, *plumage_flags(sampled_step="norm_matched")],
+    "row_bias": ["--optimizer", "plumage_adamw", *PAPER_SCALE, *plumage_flags(row_bias_correction=True)],
 }
 BLOW_UP = 5.0  # a step this many times the weight's own median step
 

@@ -230,7 +230,7 @@ class Projector:
         old = self.factors
         self.transition = None
         if old:
-            self.transition = {k: basis.factors[k].T @ old[k].to(basis.factors[k]) for k in basis.factors}
+            self.transition = _transition(basis.factors, old)
             rho = sum(mean_principal_cosine(old[k], basis.factors[k]) for k in basis.factors)
             rho /= max(len(basis.factors), 1)
             self.stats["rho"] = rho
@@ -256,7 +256,7 @@ class Projector:
         old = self.factors
         ((mode, rank),) = self._rank_per_mode.items()
         self.factors, self.inv_p = self._draw(self.pool, generator, mode, rank)
-        self.transition = {k: self.factors[k].T @ old[k].to(self.factors[k]) for k in self.factors}
+        self.transition = _transition(self.factors, old)
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 
@@ -370,6 +370,11 @@ class Projector:
             )
         if self.shape is not None and tuple(grad.shape) != self.shape:
             raise ValueError(f"{self.name} projector was built for shape {self.shape}, got {tuple(grad.shape)}")
+
+
+def _transition(new: dict[int, torch.Tensor], old: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """B_k = F_newᵀ F_old per mode: what moves low-rank moments from the old basis to the new one."""
+    return {k: new[k].T @ old[k].to(new[k]) for k in new}
 
 
 def _compute_dtype(grad: torch.Tensor) -> torch.dtype:
