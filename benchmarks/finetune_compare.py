@@ -3,11 +3,14 @@
     python benchmarks/finetune_compare.py                       # all arms, seeds 0,1: prints the markdown table
     python benchmarks/finetune_compare.py --methods plumage,lora --seeds 0
     python benchmarks/finetune_compare.py --report-only         # the table from the runs already under --out
+    python benchmarks/finetune_compare.py --lrs 1e-4,3e-4,1e-3  # each arm at its own best lr (the fair protocol)
 
 Each arm is one run_glue.py process: the bundled MiniLM on `shakespeare_plays` (which of two plays a
 passage comes from), every attention and MLP weight targeted (--lora_all_modules), embeddings, pooler and
-head trained fully by AdamW. The low-rank arms share one learning rate and scale 1.0; LoRA (r = 8,
-alpha = 16) gets its own, higher, learning rate as LoRA usually needs. Reported per arm, mean ± sample
+head trained fully by AdamW. The low-rank arms take scale 1.0 and the lrs of `--lrs`; LoRA (r = 8, alpha = 16)
+takes those of `--lora_lrs`, higher, as LoRA usually needs. With more than one lr an arm runs the first seed at
+each, keeps the one with the lowest terminal train loss, and runs the other seeds there (the pretraining
+protocol's rule: a comparison at one shared lr measures the lr, not the optimizer). Reported per arm, mean ± sample
 standard deviation over seeds: terminal train loss (mean over the last epoch), best validation accuracy
 over epochs, optimizer-state bytes, wall time. Runs are single-threaded (OMP_NUM_THREADS=1): on a shared
 2-core machine one thread per run is several times faster than two fighting other jobs.
@@ -51,19 +54,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--update_proj_gap", type=int, default=100, help="refresh interval τ")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-4, help="learning rate of the full-rank and low-rank arms")
-    parser.add_argument("--lora_lr", type=float, default=1e-3, help="learning rate of the LoRA arm")
+    parser.add_argument("--lrs", default="1e-4", help="comma-separated lr grid of the full-rank and low-rank arms")
+    parser.add_argument("--lora_lrs", default="1e-3", help="comma-separated lr grid of the LoRA arm")
     parser.add_argument("--out", default="runs/finetune_compare", help="one folder per run under here")
     parser.add_argument("--report-only", action="store_true", help="only tabulate the finished runs")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.methods.split(",")) - set(METHODS))
     if unknown:
         parser.error(f"unknown --methods {unknown}; choose from {', '.join(METHODS)}")
+    for flag in ("lrs", "lora_lrs"):
+        try:
+            setattr(args, flag, [float(lr) for lr in getattr(args, flag).split(",")])
+        except ValueError:
+            parser.error(f"--{flag} {getattr(args, flag)!r} is not a comma-separated list of numbers, e.g. 1e-4,3e-4")
     return args
 
 
-def command(args, method: str, seed: int, out: Path) -> list[str]:
-    lr = args.lora_lr if method == "lora" else args.lr
+def command(args, method: str, lr: float, seed: int, out: Path) -> list[str]:
     return [sys.executable, str(ROOT / "run_glue.py"), *METHODS[method], "--lora_all_modules", "--lora_r", str(args.rank),
             "--update_proj_gap", str(args.update_proj_gap), "--num_train_epochs", str(args.epochs),
             "--per_device_train_batch_size", str(args.batch_size), "--learning_rate", str(lr), "--seed", str(seed),
@@ -78,9 +85,9 @@ def final_record(out: Path) -> dict | None:
     return next((r for r in records if r["type"] == "final"), None)
 
 
-def run_arm(args, method: str, seed: int) -> dict:
-    out = Path(args.out) / f"{method.replace(' ', '_').replace('=', '-')}-s{seed}"
-    summary = run_or_reuse(command(args, method, seed, out), out, final_record, f"{method} seed {seed}",
+def run_arm(args, method: str, lr: float, seed: int) -> dict:
+    out = Path(args.out) / f"lr{lr:g}" / f"{method.replace(' ', '_').replace('=', '-')}-s{seed}"
+    summary = run_or_reuse(command(args, method, lr, seed, out), out, final_record, f"{method} lr {lr:g} seed {seed}",
                            report_only=args.report_only, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if summary is None:
         raise SystemExit(f"{out} holds no finished run of the current command; run without --report-only")
@@ -93,12 +100,23 @@ def mean_sd(values: list[float], fmt: str) -> str:
     return f"{format(statistics.mean(values), fmt)} ± {format(statistics.stdev(values), fmt)}"
 
 
-def table(results: dict[str, list[dict]]) -> str:
-    lines = ["| method | seeds | terminal train loss | best val. accuracy | optimizer state (MiB) | trainable params | "
-             "wall time (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for method, runs in results.items():
+def sweep_arm(args, method: str, seeds: list[int]) -> tuple[dict[float, float], float, list[dict]]:
+    """The arm's first-seed terminal train loss at each lr of its grid, the best lr, and every seed's run there."""
+    lrs = args.lora_lrs if method == "lora" else args.lrs
+    first = {lr: run_arm(args, method, lr, seeds[0]) for lr in lrs}
+    sweep = {lr: run["terminal_train_loss"] for lr, run in first.items()}
+    best = min(sweep, key=sweep.get)
+    return sweep, best, [first[best]] + [run_arm(args, method, best, seed) for seed in seeds[1:]]
+
+
+def table(results: dict[str, tuple[dict[float, float], float, list[dict]]]) -> str:
+    lines = ["| method | lr sweep (seed of the sweep): terminal train loss | lr | seeds | terminal train loss | "
+             "best val. accuracy | optimizer state (MiB) | trainable params | wall time (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for method, (sweep, best, runs) in results.items():
+        swept = ", ".join(f"{lr:g}: {loss:.4f}" for lr, loss in sorted(sweep.items())) if len(sweep) > 1 else "—"
         lines.append(
-            f"| {method} | {len(runs)} | {mean_sd([r['terminal_train_loss'] for r in runs], '.4f')} | "
+            f"| {method} | {swept} | {best:g} | {len(runs)} | {mean_sd([r['terminal_train_loss'] for r in runs], '.4f')} | "
             f"{mean_sd([100 * r['best_accuracy'] for r in runs], '.1f')} % | "
             f"{mean_sd([r['optimizer_state_bytes'] / 2**20 for r in runs], '.2f')} | "
             f"{runs[0]['trainable_parameters']:,} | {mean_sd([r['wall_time_s'] for r in runs], '.0f')} |")
@@ -108,7 +126,7 @@ def table(results: dict[str, list[dict]]) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
-    results = {method: [run_arm(args, method, seed) for seed in seeds] for method in args.methods.split(",")}
+    results = {method: sweep_arm(args, method, seeds) for method in args.methods.split(",")}
     print(table(results))
     return 0
 

@@ -35,8 +35,9 @@ from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path wh
 LRS = (1e-3, 3e-3, 1e-2)
 PAPER = plumage_flags()
 NORM_MATCHED = plumage_flags(sampled_step="norm_matched")
-# label -> (optimizer, extra flags, lr grid). Every arm names its scale and its PLUMAGE options, so an arm does not
-# move when a default changes. Grids were widened where the best lr fell on an edge of the first one.
+# label -> (optimizer, extra flags, lr grid, run in this order: the likeliest best first). Every arm names its scale
+# and its PLUMAGE options, so an arm does not move when a default changes. Grids were widened where the best lr fell
+# on an edge of the first one.
 ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "adamw": ("adamw", [], (3e-4, 1e-3, 3e-3, 1e-2)),
     # GaLore's published recipe: scale 0.25 on the projected update, the one lr on every group
@@ -52,6 +53,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # ... and the paper's κ = 1: the sampled rows drawn again before every update from the refresh's top 2r vectors
     "plumage_nm_resample": ("plumage_adamw", ["--galore_scale", "0.25",
                                               *plumage_flags(sampled_step="norm_matched", resample_every=1)], (1e-3, 3e-3, 1e-2)),
+    # κ = 1 with Adam's step on every drawn row: uncapped (the paper's estimator on the 2r pool), and capped at 1
+    # (no row amplified: GaLore's step on a randomly completed basis), the lead from fine-tuning
+    "plumage_adaptive_resample": ("plumage_adamw", ["--galore_scale", "0.25", *plumage_flags(resample_every=1)],
+                                  (3e-3, 1e-2, 1e-3)),
+    "plumage_cap1_resample": ("plumage_adamw", ["--galore_scale", "0.25",
+                                                *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3, 1e-2, 1e-3)),
 }
 REFERENCE = "galore_recipe"
 
@@ -164,7 +171,7 @@ def main() -> None:
     for label in args.arms:
         optimizer, extra, lrs = ARMS[label]
         cells = ", ".join(f"{lr:g}: " + ("—" if sweep[(label, lr, args.sweep_seed)] is None
-                                         else fmt(sweep[(label, lr, args.sweep_seed)][-1])) for lr in lrs)
+                                         else fmt(sweep[(label, lr, args.sweep_seed)][-1])) for lr in sorted(lrs))
         lines.append(f"| {label} | `{' '.join([optimizer, *extra])}` | {cells} |")
     finals = {label: [curves.get((label, best[label], s)) for s in args.seeds] for label in best}
     finals = {label: runs for label, runs in finals.items() if None not in runs}
