@@ -191,3 +191,28 @@ def test_the_callers_groups_are_left_as_given():
     low_rank = next(g for g in plumage.param_groups if "rank" in g)
     assert (low_rank["projector"], low_rank["lr"], low_rank["scale"]) == ("plumage", 3e-3, 0.25)
     assert low_rank["params"] == weights and groups == given
+
+
+@pytest.mark.parametrize("name", ["adafactor", "galore_adafactor", "plumage_adafactor"])
+def test_adafactor_names_take_a_given_lr(name):
+    """An lr replaces Adafactor's relative step (it used to fail: "Cannot combine manual lr and relative_step"), and
+    the step then follows that lr: the same gradient moves the weights 10x farther at 10x the lr."""
+    moved = []
+    for lr in (1e-4, 1e-3):
+        model = _model()
+        optimizer = build_optimizer(name, model, rank=4, lr=lr)
+        assert all(g["lr"] == lr and g["relative_step"] is False and g["scale_parameter"] is False
+                   for g in optimizer.param_groups)
+        before = model.lm_head.weight.detach().clone()
+        model.lm_head.weight.grad = torch.ones_like(before)
+        optimizer.step()
+        moved.append((model.lm_head.weight.detach() - before).abs().max().item())
+    assert moved[0] > 0 and moved[1] == pytest.approx(10 * moved[0], rel=1e-4)
+
+
+def test_adafactor_keeps_its_relative_step_without_an_lr_and_refuses_both():
+    model = _model()
+    optimizer = build_optimizer("galore_adafactor", model, rank=4)
+    assert all(g["lr"] is None and g["relative_step"] is True for g in optimizer.param_groups)
+    with pytest.raises(ValueError, match="Cannot combine manual lr=0.001 and relative_step=True"):
+        build_optimizer("galore_adafactor", _model(), rank=4, lr=1e-3, relative_step=True)

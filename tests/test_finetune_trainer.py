@@ -124,3 +124,10 @@ def test_trainer_checkpoint_resumes_exactly(bert_dir, tmp_path, name):
                               resume=str(tmp_path / "stateless"))
         query = "bert.encoder.layer.0.attention.self.query.weight"
         assert not torch.allclose(dict(forgetful.named_parameters())[query], expected[query], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["adafactor", "plumage_adafactor"])
+def test_adafactor_names_build_under_trainer(bert_dir, tmp_path, name):
+    """TrainingArguments always carries an lr; the Adafactor names used to fail on it."""
+    optimizer, _ = optimizer_for_trainer(_model(bert_dir), _args(tmp_path), name, rank=4, update_proj_gap=3)
+    assert all(g["lr"] == 1e-3 and g["relative_step"] is False for g in optimizer.param_groups)

@@ -190,7 +190,9 @@ def build_optimizer(
     The weights of nn.Linear modules whose name contains one of `target_modules` form the low-rank group;
     everything else (embeddings, norms, biases, the head) a regular one. `projector=` / `realign=`
     override the name's. `lr` and `scale` default to the name's recommended values (recommended_lr,
-    family_scale); the options of optimizers/options.py to the family's (plumage_* has its own).
+    family_scale); the options of optimizers/options.py to the family's (plumage_* has its own). For the
+    Adafactor names an lr (given or recommended) turns the relative step off (relative_step=False,
+    scale_parameter=False unless passed), so `lr=` works as it does for every other name.
     The routing is kept on the optimizer as `.routing` and printed when verbose.
     """
     spec = optimizer_spec(name)
@@ -214,6 +216,9 @@ def build_optimizer(
     lr = lr if lr is not None else RECOMMENDED_LR.get((spec.projector, spec.backend))
     if lr is not None:  # else the class's own (Adafactor's relative step takes none)
         options["lr"] = lr
+        if spec.backend == "adafactor":  # a given lr replaces Adafactor's relative step, as transformers' docs advise
+            options.setdefault("relative_step", False)
+            options.setdefault("scale_parameter", False)
     optimizer = optimizer_class(spec.backend)(groups, **options)
     optimizer.routing = routes
     if verbose:
