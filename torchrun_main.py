@@ -9,12 +9,13 @@ no internet, no GPU needed:
 Two processes on one CPU machine (gloo) or one node with GPUs (nccl):
 
     torchrun --standalone --nproc_per_node 2 torchrun_main.py --model_config configs/llama_micro.json \
-        --optimizer plumage_adamw --batch_size 4 --total_batch_size 16 --num_training_steps 100 --warmup_steps 10
+        --optimizer plumage_adamw --rank 32 --batch_size 4 --total_batch_size 16 --num_training_steps 100 --warmup_steps 10
 
 The same, sharded with FSDP2 (fully_shard; optimizer state sharded too, DCP checkpoints; nccl on GPUs):
 
     torchrun --standalone --nproc_per_node 2 torchrun_main.py --model_config configs/llama_micro.json \
-        --optimizer plumage_adamw --batch_size 4 --total_batch_size 16 --num_training_steps 100 --warmup_steps 10 --fsdp
+        --optimizer plumage_adamw --rank 32 --batch_size 4 --total_batch_size 16 --num_training_steps 100 --warmup_steps 10 \
+        --fsdp
 
 C4 as in GaLore (needs the hub; T5 tokenizer), e.g. the 60M recipe on one GPU:
 
@@ -24,7 +25,8 @@ C4 as in GaLore (needs the hub; T5 tokenizer), e.g. the 60M recipe on one GPU:
         --warmup_steps 1000 --dtype bfloat16 --eval_every 1000
 
 GaLore itself: --optimizer galore_adamw --lr 1e-2 --galore_scale 0.25; FLORA: --optimizer flora_adamw.
-Resume: --continue_from runs/<name> (its latest checkpoint) or runs/<name>/model_<step>.
+Resume: --continue_from runs/<name> (its newest complete checkpoint) or runs/<name>/model_<step>; a used
+--save_dir is refused unless resumed or --overwrite is given.
 All flags: python torchrun_main.py --help. Recipes: scripts/benchmark_c4/.
 """
 
@@ -48,7 +50,7 @@ def main(argv=None) -> int:
     try:
         train(config, context)
         succeeded = True
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
+    except (ValueError, OSError, RuntimeError, FloatingPointError) as error:  # CheckpointError is a ValueError
         print(f"torchrun_main.py: error: {error}", file=sys.stderr)
         return 1
     finally:

@@ -31,10 +31,8 @@ def run(optimizer: str, args, save_dir: Path) -> None:
         "--num_training_steps", str(args.steps), "--warmup_steps", str(max(1, args.steps // 10)),
         "--eval_every", str(max(1, args.steps // 6)), "--save_every", str(args.steps), "--rank", str(args.rank),
         "--update_proj_gap", str(args.update_proj_gap), "--seed", str(args.seed), "--save_dir", str(save_dir),
-        "--eval_tokens", str(args.eval_tokens),
+        "--eval_tokens", str(args.eval_tokens), "--overwrite",  # a fresh run, not appended to an older one's
     ]
-    if (save_dir / "metrics.jsonl").exists():
-        (save_dir / "metrics.jsonl").unlink()  # a fresh curve, not appended to an older run's
     print(f"== {optimizer}: {' '.join(command[1:])}", flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
 

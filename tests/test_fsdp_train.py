@@ -10,7 +10,10 @@ stopped.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,5 +103,19 @@ def test_a_sharded_checkpoint_resumed_without_fsdp_says_so(runs, capsys, monkeyp
         monkeypatch.delenv(var, raising=False)
     code = torchrun_main.main(runs["flags"] + ["--gradient_accumulation", "4", "--save_dir", str(runs["resumed"]) + "-x",
                                                "--continue_from", str(runs["resumed"])])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "was written by a run with other flags" in err and "--fsdp False (the checkpoint: True)" in err, err
+    assert "processes (WORLD_SIZE) 1 (the checkpoint: 2)" in err
+
+    # a checkpoint from before manifests and recorded flags: the loader itself says why
+    legacy = Path(str(runs["resumed"]) + "-legacy") / "model_4"
+    shutil.copytree(Path(runs["resumed"]) / "model_4", legacy)
+    (legacy / "manifest.json").unlink()
+    state = json.loads((legacy / "training_state.json").read_text())
+    del state["config"]
+    (legacy / "training_state.json").write_text(json.dumps(state))
+    code = torchrun_main.main(runs["flags"] + ["--gradient_accumulation", "4", "--save_dir", str(legacy.parent) + "-x",
+                                               "--continue_from", str(legacy)])
     assert code == 1
     assert "is a sharded checkpoint (written with --fsdp): resume it with --fsdp" in capsys.readouterr().err

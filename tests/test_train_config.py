@@ -226,6 +226,10 @@ def test_proj_quant_is_refused():
     (["--beta1", "1.0"], r"--beta1 must be in \[0, 1\), got 1.0"),
     (["--stop_at", "0"], r"--stop_at must be in \[1, num_training_steps=10000\], got 0"),
     (["--stop_at", "10001"], r"--stop_at must be in \[1, num_training_steps=10000\], got 10001"),
+    (["--lr", "nan"], "--lr must be a finite number, got nan"),
+    (["--lr", "inf"], "--lr must be a finite number, got inf"),
+    (["--weight_decay", "nan"], "--weight_decay must be a finite number, got nan"),
+    (["--galore_scale", "nan"], "--galore_scale must be a finite number, got nan"),
 ])
 def test_out_of_range_values_name_the_flag(argv, message):
     with pytest.raises(ValueError, match=message):
@@ -266,3 +270,25 @@ def test_missing_files_are_refused_before_the_run_starts(flag, value):
     no rank starts work (or waits at a barrier) on behalf of a job that cannot run."""
     with pytest.raises(ValueError, match=re.escape(repr(value))):
         parse_config([flag, value])
+
+
+def test_a_file_in_another_format_is_named_not_sent_to_the_hub(tmp_path):
+    """foo.csv used to reach the tokenizer as a hub dataset name; now a missing one is "no such file" and an
+    existing one is told which formats are read."""
+    with pytest.raises(ValueError, match=re.escape("--dataset 'foo.csv': no such file")):
+        parse_config(["--dataset", "foo.csv"])
+    table = tmp_path / "corpus.csv"
+    table.write_text("text\nhello\n")
+    with pytest.raises(ValueError, match=r"read from \.txt .* or \.jsonl .*; convert the file"):
+        parse_config(["--dataset", str(table)])
+
+
+def test_eval_budget_follows_the_dataset(tmp_path):
+    """GaLore's 10M tokens for a streamed hub dataset; 100K for the bundled or a local corpus, where 10M meant
+    the whole split at every evaluation of a short run; a given value always wins."""
+    local = tmp_path / "docs.txt"
+    local.write_text("a\n\nb\n")
+    assert parse_config([]).eval_tokens == 100_000
+    assert parse_config(["--dataset", str(local)]).eval_tokens == 100_000
+    assert parse_config(["--dataset", "allenai/c4"]).eval_tokens == 10_000_000
+    assert parse_config(["--dataset", "allenai/c4", "--eval_tokens", "5000"]).eval_tokens == 5000

@@ -421,3 +421,14 @@ def test_streamed_ranks_read_disjoint_documents(jsonl_stream):
     seen = [{t // 1000 for b in _streamed(jsonl_stream, 0, workers=0, rank=r, world=2) for row in b for t in row if t}
             for r in range(2)]
     assert seen[0] and seen[1] and not seen[0] & seen[1]
+
+
+def test_a_corpus_under_twenty_documents_holds_its_last_one_out_with_a_warning(tmp_path, capsys):
+    """It used to validate on a training document without a word; now the last document is held out of training
+    and stderr says the eval loss rests on one document."""
+    documents = [f"document number {i}" for i in range(5)]
+    path = tmp_path / "few.txt"
+    path.write_text("\n\n".join(documents))
+    train, validation = load_texts(TrainConfig(dataset=str(path)))
+    assert validation == documents[-1:] and train == documents[:-1]
+    assert "holds 5 documents, fewer than 20: its last document alone is held out" in capsys.readouterr().err

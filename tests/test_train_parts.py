@@ -20,6 +20,7 @@ from galore_plumage.training import checkpoint as checkpoint_lib
 from galore_plumage.training.checkpoint import (
     LATEST,
     TRAINER_FILE,
+    CheckpointError,
     load_checkpoint,
     resolve_checkpoint,
     rng_state,
@@ -218,9 +219,15 @@ def test_resolve_checkpoint_accepts_the_folder_or_the_save_dir(tmp_path):
     assert resolve_checkpoint(tmp_path) == second and resolve_checkpoint(first) == first
     with pytest.raises(FileNotFoundError, match="is neither a checkpoint folder"):
         resolve_checkpoint(tmp_path / "elsewhere")
-    (tmp_path / LATEST).write_text("model_9\n")
-    with pytest.raises(FileNotFoundError, match="'latest' names model_9, which is incomplete"):
-        resolve_checkpoint(tmp_path)
+    (tmp_path / LATEST).write_text("model_9\n")  # names a folder that is gone: the newest complete one is taken
+    warnings = []
+    assert resolve_checkpoint(tmp_path, warn=warnings.append) == second
+    assert warnings == [f"'latest' in {tmp_path} names model_9, the newest complete checkpoint is model_4: resuming it"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / LATEST).write_text("model_9\n")
+    with pytest.raises(CheckpointError, match="no complete checkpoint \\('latest' names model_9, which is missing\\)"):
+        resolve_checkpoint(empty)
 
 
 def test_saving_the_same_step_twice_replaces_it(tmp_path):

@@ -252,14 +252,15 @@ BAD = {"missing-dataset": _bad_missing_dataset, "malformed-model-config": _bad_m
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input_fails_clearly_and_keeps_the_checkpoint(run, finished_run, tmp_path, capsys, case):
     """Each bad value makes the job exit non-zero with a message on stderr that names it, and the save_dir of a
-    finished run it points at is left byte for byte (and mtime for mtime) as it was: nothing is written
-    before the input is known good. argparse's own refusals exit with SystemExit(2)."""
+    finished run it points at is left byte for byte (and mtime for mtime) as it was: nothing is written, not even
+    the deletion --overwrite asks for, before the input is known good. argparse's own refusals exit with
+    SystemExit(2)."""
     bad_flags, named = BAD[case](tmp_path)
     before = _snapshot(finished_run)
     assert {"latest", "metrics.jsonl", "model_2/model.safetensors", "model_2/trainer.pt"} <= before.keys()
     capsys.readouterr()
     try:
-        code = run(finished_run, *FINISHED_FLAGS, *bad_flags)
+        code = run(finished_run, *FINISHED_FLAGS, *bad_flags, "--overwrite")
     except SystemExit as exit_:
         code = exit_.code
     err = capsys.readouterr().err

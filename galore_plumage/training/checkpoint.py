@@ -3,22 +3,35 @@
 A checkpoint is a folder `<save_dir>/model_<step>/` holding the model as `save_pretrained` writes it
 (config.json + model.safetensors: loadable with `LlamaForCausalLM.from_pretrained`) and `trainer.pt`
 (optimizer, scheduler, data position, RNG, counters: tensors and plain values, read with
-`weights_only=True`). It is written into a hidden temp folder and renamed into place; then
-`<save_dir>/latest` is replaced (temp file + rename) to name it.
+`weights_only=True`). It is written into a hidden temp folder, `manifest.json` (every file's size and
+SHA-256) last, and renamed into place; then `<save_dir>/latest` is replaced (temp file + rename) to name it.
+
+On resume the manifest is checked again. A checkpoint named explicitly that fails the check is refused with
+the file named; a save_dir resumes from its newest checkpoint that passes, with a warning for each one skipped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 TRAINER_FILE = "trainer.pt"
 LATEST = "latest"
+MANIFEST = "manifest.json"
+CHECKPOINT_NAME = re.compile(r"model_(\d+)")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed; the message names the file and what is wrong with it."""
 
 
 def rng_state() -> dict:
@@ -61,9 +74,50 @@ def save_checkpoint(save_dir: str | Path, step: int, model, trainer_state: dict,
     return publish(save_dir, temp, step)
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """manifest.json: the size and SHA-256 of every file of the finished folder, written last."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries = {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    (folder / MANIFEST).write_text(json.dumps({"files": entries}, indent=1) + "\n")
+
+
+def verify_checkpoint(folder: Path) -> None:
+    """Raise CheckpointError naming the first file that is missing, truncated or changed since it was saved.
+    A checkpoint written before manifests existed is only checked for its trainer state."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        if not (folder / TRAINER_FILE).is_file():
+            raise CheckpointError(f"{folder / TRAINER_FILE}: missing, so {folder} is incomplete")
+        return
+    try:
+        entries = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{manifest}: unreadable ({error})") from None
+    for name in [TRAINER_FILE, *entries]:
+        path = folder / name
+        if name not in entries or not path.is_file():
+            raise CheckpointError(f"{path}: missing, so {folder} is incomplete")
+        size = path.stat().st_size
+        if size != entries[name]["bytes"]:
+            raise CheckpointError(f"{path}: {size} bytes where {entries[name]['bytes']} were saved (truncated or "
+                                  "overwritten)")
+        if _sha256(path) != entries[name]["sha256"]:
+            raise CheckpointError(f"{path}: its contents changed since it was saved (checksum mismatch)")
+
+
 def publish(save_dir: Path, temp: Path, step: int) -> Path:
-    """Sync the finished folder `temp`, rename it to model_<step> and point `latest` at it; returns the folder."""
+    """Write the manifest of the finished folder `temp`, sync it, rename it to model_<step> and point `latest` at
+    it; returns the folder."""
     final = save_dir / f"model_{step}"
+    write_manifest(temp)
     _fsync_tree(temp)
     if final.exists():  # same step saved again: move the old one aside first, drop it only after the swap
         old = save_dir / f".model_{step}.old-{os.getpid()}"
@@ -78,18 +132,42 @@ def publish(save_dir: Path, temp: Path, step: int) -> Path:
     return final
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, or a save_dir whose `latest` names one."""
+def checkpoints_newest_first(save_dir: Path) -> list[Path]:
+    """The model_<step> folders of a save_dir, highest step first."""
+    found = [(int(m.group(1)), p) for p in save_dir.iterdir() if p.is_dir() and (m := CHECKPOINT_NAME.fullmatch(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr)
+
+
+def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] = _warn) -> Path:
+    """The checkpoint to resume: `path` itself if it is a checkpoint folder (verified, refused if it fails), or
+    the newest verified model_<step> of a save_dir, with a warning for each newer one skipped and for a
+    `latest` that names another."""
     path = Path(path)
-    if (path / TRAINER_FILE).is_file():
+    if (path / TRAINER_FILE).is_file() or (path / MANIFEST).is_file():
+        verify_checkpoint(path)
         return path
-    if (path / LATEST).is_file():
-        named = path / (path / LATEST).read_text().strip()
-        if (named / TRAINER_FILE).is_file():
-            return named
-        raise FileNotFoundError(f"--continue_from {str(path)!r}: 'latest' names {named.name}, which is incomplete")
-    raise FileNotFoundError(f"--continue_from {str(path)!r} is neither a checkpoint folder (with {TRAINER_FILE}) "
-                            f"nor a save_dir with a '{LATEST}' file")
+    if not path.is_dir() or not ((path / LATEST).is_file() or checkpoints_newest_first(path)):
+        raise FileNotFoundError(f"--continue_from {str(path)!r} is neither a checkpoint folder (with {TRAINER_FILE}) "
+                                f"nor a save_dir with a '{LATEST}' file")
+    latest = (path / LATEST).read_text().strip() if (path / LATEST).is_file() else None
+    problems = []
+    for folder in checkpoints_newest_first(path):
+        try:
+            verify_checkpoint(folder)
+        except CheckpointError as error:
+            problems.append(str(error))
+            warn(f"{error}; skipping {folder.name}")
+            continue
+        if folder.name != latest:
+            warn(f"'{LATEST}' in {path} names {latest}, the newest complete checkpoint is {folder.name}: resuming it")
+        return folder
+    raise CheckpointError(f"--continue_from {str(path)!r}: no complete checkpoint"
+                          + (f" ('{LATEST}' names {latest}, which is missing)" if latest and not problems else "")
+                          + "".join(f"; {problem}" for problem in problems))
 
 
 def load_checkpoint(folder: Path, model) -> dict:
@@ -99,8 +177,24 @@ def load_checkpoint(folder: Path, model) -> dict:
     if not (folder / "model.safetensors").is_file() and (folder / "dcp").is_dir():
         raise FileNotFoundError(f"--continue_from {str(folder)!r} is a sharded checkpoint (written with --fsdp): "
                                 "resume it with --fsdp, at the same number of processes")
-    weights = load_file(folder / "model.safetensors", device=str(next(model.parameters()).device))
+    weights = readable(folder / "model.safetensors", load_file, device=str(next(model.parameters()).device))
     if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     model.load_state_dict(weights, strict=True)
-    return torch.load(folder / TRAINER_FILE, map_location="cpu", weights_only=True)
+    return read_trainer_state(folder)
+
+
+def read_trainer_state(folder: Path) -> dict:
+    return readable(folder / TRAINER_FILE, torch.load, map_location="cpu", weights_only=True)
+
+
+def readable(path: Path, reader, **options):
+    """reader(path, **options), with a file that cannot be parsed reported as a CheckpointError naming it (a
+    checkpoint without a manifest is not verified before it is read)."""
+    try:
+        return reader(path, **options)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing, so {path.parent} is incomplete") from None
+    except Exception as error:  # noqa: BLE001 - unpickling, EOF and safetensors errors have no common base
+        raise CheckpointError(f"{path}: unreadable ({type(error).__name__}: {error}); resume from an earlier "
+                              f"checkpoint of {path.parent.parent}") from None

@@ -30,11 +30,22 @@ from ..optimizers import (
 from ..optimizers.options import BY_KEY
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
+from .run_folder import check_save_dir
 
 SCHEDULERS = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16")
 BUNDLED = "shakespeare"
 DEFAULT_TOKENIZER = "bpe"
+STREAMED_EVAL_TOKENS = 10_000_000
+LOCAL_EVAL_TOKENS = 100_000
+LOCAL_FORMATS = (".txt", ".jsonl")
+# suffixes that say --dataset means a local file (a hub name has none)
+FILE_SUFFIXES = (*LOCAL_FORMATS, ".json", ".csv", ".tsv", ".parquet", ".arrow", ".gz", ".zst", ".xz", ".bz2")
+# flags a resume may change: where and how often it writes and evaluates, names, the display, and memory-only
+# settings; every other flag must match the checkpoint's, or the resumed run would silently be a different one
+RESUME_MAY_CHANGE = frozenset({"save_dir", "continue_from", "overwrite", "stop_at", "eval_every", "save_every",
+                               "eval_tokens", "name", "tags", "progress", "workers", "data_dir", "single_gpu",
+                               "use_hf_model", "activation_checkpointing"})
 
 
 def _recommended_lrs() -> str:
@@ -72,7 +83,9 @@ class TrainConfig:
     vocab_size: int = _flag(8192, f"vocabulary of the '{DEFAULT_TOKENIZER}' tokenizer")
     data_dir: str = _flag("data", "where the bundled corpus, tokenizers and other downloads are cached")
     max_length: int = _flag(256, "tokens per packed training sequence")
-    eval_tokens: int = _flag(10_000_000, "validation token budget of one evaluation (the whole split if smaller)")
+    eval_tokens: int = _flag(None, "validation token budget of one evaluation (the whole split if smaller); default: "
+                                   f"{STREAMED_EVAL_TOKENS:,} for a streamed hub dataset (GaLore's), {LOCAL_EVAL_TOKENS:,} "
+                                   "otherwise, so a short run does not spend most of its time evaluating")
     workers: int = _flag(8, "DataLoader worker processes for a streamed dataset (C4); in-memory corpora need none")
     # --- batch and length of the run
     batch_size: int = _flag(8, "sequences per micro-batch on each process")
@@ -104,7 +117,12 @@ class TrainConfig:
     eval_every: int = _flag(5_000, "evaluate every this many updates (and at the end)")
     save_every: int = _flag(10_000, "checkpoint every this many updates (and at the end)")
     save_dir: str = _flag(None, "checkpoints and metrics.jsonl go here; default runs/<model>-<optimizer>")
-    continue_from: str = _flag(None, "resume from a checkpoint folder (or a save_dir: its latest checkpoint)")
+    continue_from: str = _flag(None, "resume from a checkpoint folder, or a save_dir: its newest complete checkpoint. "
+                                     "Flags that define the run must match the checkpoint's (a resume may change "
+                                     "only " + ", ".join(f"--{k}" for k in sorted(RESUME_MAY_CHANGE - {"continue_from"}))
+                                     + ")")
+    overwrite: bool = _flag(False, "delete the run already in --save_dir (its checkpoints and metrics.jsonl) and start "
+                                   "afresh; without it a used --save_dir is refused unless --continue_from resumes it")
     stop_at: int = _flag(None, "checkpoint and stop at this update, as a preempted job would, keeping the schedule "
                                "of --num_training_steps; resume later with --continue_from")
     seed: int = _flag(0, "seeds the model init, data order and projections")
@@ -175,12 +193,18 @@ def parse_config(argv: list[str] | None = None, world_size: int = 1, cuda_bf16: 
 def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -> TrainConfig:
     """Fill the derived fields (batch arithmetic, steps from tokens, dtype, save_dir) and check every value."""
     c = dataclasses.replace(config, world_size=world_size)
+    if c.eval_tokens is None:
+        c.eval_tokens = LOCAL_EVAL_TOKENS if c.dataset == BUNDLED or _is_local_file(c.dataset) else STREAMED_EVAL_TOKENS
     for name in ("batch_size", "max_length", "num_training_steps", "eval_every", "save_every", "rank",
                  "update_proj_gap", "eval_tokens", "vocab_size"):
         if getattr(c, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
     if c.lr is None:
         c.lr = recommended_lr(optimizer_spec(c.optimizer))
+    for name in ("lr", "weight_decay", "grad_clipping", "min_lr_ratio", "beta1", "galore_scale"):
+        value = getattr(c, name)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"--{name} must be a finite number, got {value}")
     for name in ("lr", "weight_decay", "grad_clipping", "warmup_steps", "workers"):
         if getattr(c, name) < 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
@@ -233,13 +257,40 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
                          f"{c.num_training_steps} updates; lower it (10% of the run is usual)")
     if c.stop_at is not None and not 1 <= c.stop_at <= c.num_training_steps:
         raise ValueError(f"--stop_at must be in [1, num_training_steps={c.num_training_steps}], got {c.stop_at}")
-    if c.dataset.endswith((".txt", ".jsonl")) and not Path(c.dataset).is_file():
+    if _is_local_file(c.dataset) and not Path(c.dataset).is_file():
         raise ValueError(f"--dataset {c.dataset!r}: no such file; pass an existing .txt/.jsonl, '{BUNDLED}' or "
                          "'allenai/c4'")
+    if _is_local_file(c.dataset) and not c.dataset.endswith(LOCAL_FORMATS):
+        raise ValueError(f"--dataset {c.dataset!r}: a local corpus is read from .txt (documents separated by blank "
+                         "lines) or .jsonl (a 'text' field); convert the file to one of them")
     if not Path(c.model_config).is_file():
         raise ValueError(f"--model_config {c.model_config!r}: no such file; choose one of configs/llama_*.json")
     if c.dtype is None:
         c.dtype = "bfloat16" if cuda_bf16 else "float32"
     if c.save_dir is None:
         c.save_dir = str(Path("runs") / f"{Path(c.model_config).stem}-{c.optimizer}")
+    check_save_dir(c.save_dir, c.continue_from, c.overwrite)
     return c
+
+
+def _is_local_file(dataset: str) -> bool:
+    return Path(dataset).suffix.lower() in FILE_SUFFIXES or Path(dataset).is_file()
+
+
+def resume_conflicts(saved: dict, config: TrainConfig) -> list[str]:
+    """`--flag value (the checkpoint: value)` for each flag of `config` that differs from the run the checkpoint
+    was written by (`saved`: that run's asdict(config)); flags a resume may change and flags the checkpoint
+    predates are not compared."""
+    current = dataclasses.asdict(config)
+    conflicts = []
+    derived = {spec.name for spec in dataclasses.fields(TrainConfig) if spec.metadata.get("derived")}
+    for key in sorted(saved.keys() & current.keys() - RESUME_MAY_CHANGE - {"low_rank"}):
+        if saved[key] != current[key]:
+            name = "processes (WORLD_SIZE)" if key == "world_size" else key if key in derived else f"--{key}"
+            conflicts.append(f"{name} {current[key]} (the checkpoint: {saved[key]})")
+    saved_options, options = saved.get("low_rank", {}), current["low_rank"]
+    for key in sorted(saved_options.keys() | options.keys()):
+        if saved_options.get(key) != options.get(key):
+            conflicts.append(f"--{key} {options.get(key, 'not given')} (the checkpoint: "
+                             f"{saved_options.get(key, 'not given')})")
+    return conflicts

@@ -13,6 +13,7 @@ Every document is tokenized, followed by EOS and concatenated into one stream th
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from .config import BUNDLED, TrainConfig
 from .corpus import fetch_corpus, split_works
 
 ENCODE_CHUNK = 256  # documents per tokenizer call
+HELD_OUT_EVERY = 20  # every 20th document of a local corpus is validation
 
 
 # ----------------------------------------------------------------- documents
@@ -58,8 +60,13 @@ def load_texts(config: TrainConfig) -> tuple[list[str], list[str]]:
         raise ValueError(f"--dataset {config.dataset!r} holds {len(documents)} document(s); validation needs at least "
                          "2 (documents are separated by blank lines in .txt, one per line in .jsonl)")
     # every 20th document is held out, so validation text never appears in training
-    train = [d for i, d in enumerate(documents) if i % 20 != 19]
-    validation = [d for i, d in enumerate(documents) if i % 20 == 19] or train[-1:]
+    if len(documents) < HELD_OUT_EVERY:
+        print(f"WARNING: --dataset {config.dataset!r} holds {len(documents)} documents, fewer than {HELD_OUT_EVERY}: "
+              "its last document alone is held out for validation, so the eval loss is a noisy figure",
+              file=sys.stderr)
+        return documents[:-1], documents[-1:]
+    train = [d for i, d in enumerate(documents) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
+    validation = [d for i, d in enumerate(documents) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
     return train, validation
 
 

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
-from .checkpoint import TRAINER_FILE, publish
+from .checkpoint import TRAINER_FILE, CheckpointError, publish, read_trainer_state
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -125,7 +125,10 @@ def load_sharded_checkpoint(folder: Path, model: nn.Module, optimizer) -> dict:
     inner = _inner(optimizer)
     _prepare(inner)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, inner)}
-    dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
+    try:
+        dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
+    except Exception as error:  # noqa: BLE001 - DCP wraps each rank's failure in its own exception types
+        raise CheckpointError(f"{folder / DCP_FOLDER}: unreadable ({type(error).__name__}: {error})") from None
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, inner, state["optimizer"])
-    return torch.load(folder / TRAINER_FILE, map_location="cpu", weights_only=True)
+    return read_trainer_state(folder)

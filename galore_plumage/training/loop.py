@@ -9,10 +9,13 @@ and RNG, so a resumed run continues bit for bit on CPU.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
+import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,11 +25,12 @@ from torch.nn.parallel import DistributedDataParallel
 from ..optimizers import build_optimizer, describe_routing, optimizer_spec
 from . import data as data_lib
 from .checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .config import TrainConfig
+from .config import TrainConfig, resume_conflicts
 from .distributed import Dist, all_reduce_sum, barrier, gather_floats
 from .fsdp import ensure_process_group, load_sharded_checkpoint, save_sharded_checkpoint, shard_model
 from .metrics import MetricsLog, Progress, projector_records
 from .model import build_model, load_model_config
+from .run_folder import clear_run, remove_stale_temps, truncate_metrics
 from .schedule import build_scheduler, step_scheduler
 from .tokenizer import load_tokenizer
 
@@ -125,10 +129,40 @@ def evaluate(model, batches: list[torch.Tensor], context: Dist, autocast) -> tup
     return loss_sum / count, int(count)
 
 
+def _warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr)
+
+
+def find_resume(config: TrainConfig, main: bool) -> Path | None:
+    """The checkpoint to resume (None for a new run), found before any data is read; one written by a run with
+    other flags is refused, naming each."""
+    if config.continue_from is None:
+        return None
+    folder = resolve_checkpoint(config.continue_from, warn=_warn if main else lambda _: None)
+    state_file = folder / "training_state.json"  # its "config" is the run that wrote it (absent before session 7)
+    saved = json.loads(state_file.read_text()).get("config") if state_file.is_file() else None
+    if conflicts := resume_conflicts(saved, config) if saved else []:
+        raise ValueError(f"--continue_from {config.continue_from!r}: {folder.name} was written by a run with other "
+                         f"flags: {'; '.join(conflicts)}. Give the checkpoint's values (or drop those flags), or start "
+                         "a new run in a new --save_dir")
+    return folder
+
+
+def claim_save_dir(config: TrainConfig) -> None:
+    """Main rank, once data, model and optimizer are built (the input is known good): delete the old run for
+    --overwrite and the temp folders of killed saves."""
+    save_dir = Path(config.save_dir)
+    if config.overwrite and (removed := clear_run(save_dir)):
+        print(f"--overwrite: deleted {', '.join(removed)} from {save_dir}")
+    if stale := remove_stale_temps(save_dir):
+        _warn(f"removed {', '.join(stale)} from {save_dir}: left by a save that was killed")
+
+
 def train(config: TrainConfig, context: Dist) -> dict:
     """Run the whole job; returns the final summary (also the last line of metrics.jsonl)."""
     seed_everything(config.seed)
     main = context.is_main
+    resume_folder = find_resume(config, main)
     log = MetricsLog(config.save_dir, enabled=main)
 
     # the main rank fetches the corpus and trains the tokenizer first, so ranks never race on the cache; the
@@ -161,9 +195,11 @@ def train(config: TrainConfig, context: Dist) -> dict:
                                 config.min_lr_ratio)
     index_names = _names_by_group_index(inner, model)
 
+    if main:
+        claim_save_dir(config)
     update_step, tokens_seen = 0, 0
-    if config.continue_from is not None:
-        folder = resolve_checkpoint(config.continue_from)
+    if resume_folder is not None:
+        folder = resume_folder
         if config.fsdp:
             state = load_sharded_checkpoint(folder, model, optimizer)
         else:
@@ -175,6 +211,8 @@ def train(config: TrainConfig, context: Dist) -> dict:
         update_step, tokens_seen = state["update_step"], state["tokens_seen"]
         if main:
             print(f"resumed from {folder} at update {update_step} ({tokens_seen:,} tokens)")
+            if folder.parent.resolve() == Path(config.save_dir).resolve():  # its own log: the replayed updates go
+                truncate_metrics(Path(config.save_dir), update_step)
 
     if main:
         params = sum(p.numel() for p in model.parameters())
@@ -201,7 +239,8 @@ def train(config: TrainConfig, context: Dist) -> dict:
     def checkpoint(step: int) -> None:
         trainer_state = {"scheduler": scheduler.state_dict(), "data": batches.state_dict(), "rng": rng_state(),
                          "update_step": step, "tokens_seen": tokens_seen}
-        summary = {"update_step": step, "tokens_seen": tokens_seen, "optimizer": config.optimizer}
+        summary = {"update_step": step, "tokens_seen": tokens_seen, "optimizer": config.optimizer,
+                   "config": asdict(config)}  # what a resume is checked against
         if config.fsdp:  # every rank writes its own shards of the model and the optimizer
             folder = save_sharded_checkpoint(config.save_dir, step, model, optimizer, trainer_state, summary, main)
         elif main:
@@ -209,6 +248,7 @@ def train(config: TrainConfig, context: Dist) -> dict:
                                      summary)
         if main:
             progress.write(f"saved {folder}")
+            remove_stale_temps(Path(config.save_dir))
         barrier(context)
 
     def run_eval(step: int) -> float:
