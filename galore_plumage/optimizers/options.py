@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..projectors.base import SOLVERS
+from ..projectors.checks import SOLVERS, check_max_inv_p, check_resample_every, check_solver
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
@@ -49,11 +49,6 @@ def _check_tau_max(value) -> None:
         raise ValueError(f"tau_max must be an integer >= update_proj_gap (or None for 4 x update_proj_gap), got {value!r}")
 
 
-def _check_cap(value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0):
-        raise ValueError(f"max_inv_p must be a number >= 1 (or None / inf for no cap), got {value!r}")
-
-
 def parse_cap(text: str) -> float:
     """The flag's text: a number >= 1, or 'none'/'inf' for no cap (the paper's estimator)."""
     if str(text).strip().lower() in ("none", "inf"):
@@ -74,11 +69,6 @@ def _needs_sampling(backend: str, projector_cls) -> str | None:
     if not projector_cls.rescales:
         return f"it draws PLUMAGE's sample again, but projector {projector_cls.name!r} does not sample"
     return None
-
-
-def _check_resample_every(value) -> None:
-    if not _is_int(value) or value < 0:
-        raise ValueError(f"resample_every must be an integer >= 0 (0: draw only at a refresh), got {value!r}")
 
 
 def _needs_adamw(backend: str, projector_cls) -> str | None:
@@ -124,10 +114,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("stagger", False, "spread the first refreshes over the interval so the SVDs do not all land on one step",
            _check_bool("stagger"), ("no", 0)),
     Option("solver", "svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, galore-torch's "
-           "call) or 'gram' (eigh of the smaller Gram matrix: faster)", _check_choice("solver", SOLVERS),
+           "call) or 'gram' (eigh of the smaller Gram matrix: faster)", check_solver,
            ("qr", None), to_projector=True, choices=SOLVERS),
     Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
-           "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", _check_cap,
+           "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", check_max_inv_p,
            (0.5, -1.0, math.nan, True, "3"), to_projector=True, parse=parse_cap, applies=_needs_rescaling),
     Option("sampled_step", "adaptive", "plumage: how sampled (p < 1) rows move: 'adaptive' (the paper: the backend's "
            "normalized step, then 1/p) or 'norm_matched' (their own gradient at the kept rows' step size)",
@@ -135,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
            choices=SAMPLED_STEPS),
     Option("resample_every", 0, "plumage: draw the sampled rows again every this many updates from the refresh's "
            "top 2·rank singular vectors, moving the moments along (the paper's κ); 0 = only at a refresh",
-           _check_resample_every, (-1, 1.5, True, "2", None), plumage=1, to_projector=True, parse=int,
+           check_resample_every, (-1, 1.5, True, "2", None), plumage=1, to_projector=True, parse=int,
            applies=_needs_sampling),
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
            "at a refresh starts at Adam's step size", _check_bool("row_bias_correction"), ("yes", 1, None),

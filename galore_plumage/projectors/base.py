@@ -21,12 +21,10 @@ from typing import ClassVar
 
 import torch
 
+from .checks import check_max_inv_p, check_resample_every, check_solver
 from .interval import mean_principal_cosine, next_interval
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
-# how SVD-based projectors get singular vectors: "svd" = torch.linalg.svd (galore-torch's call, bit-exact parity);
-# "gram" = eigh of the projected side's Gram matrix when that side is the smaller one (several times faster)
-SOLVERS = ("svd", "gram")
 DEFAULT_TAU_MAX_FACTOR = 4  # tau_max defaults to 4 × update_proj_gap when adaptive_interval is on
 
 _MASK64 = (1 << 64) - 1
@@ -135,16 +133,12 @@ class Projector:
             )
         if not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
             raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-        if solver not in SOLVERS:
-            raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-        if max_inv_p is not None:
-            if isinstance(max_inv_p, bool) or not isinstance(max_inv_p, (int, float)) or not max_inv_p >= 1.0:
-                raise ValueError(f"max_inv_p must be a number >= 1 (or None for no cap), got {max_inv_p!r}")
-            if not self.rescales:
-                raise ValueError(f"max_inv_p={max_inv_p!r} caps PLUMAGE's 1/p rescaling, but projector {self.name!r} "
-                                 "does not rescale; use projector='plumage' or leave max_inv_p unset")
-        if isinstance(resample_every, bool) or not isinstance(resample_every, int) or resample_every < 0:
-            raise ValueError(f"resample_every must be an integer >= 0 (0: draw only at a refresh), got {resample_every!r}")
+        check_solver(solver)
+        check_max_inv_p(max_inv_p)
+        if max_inv_p is not None and not self.rescales:
+            raise ValueError(f"max_inv_p={max_inv_p!r} caps PLUMAGE's 1/p rescaling, but projector {self.name!r} "
+                             "does not rescale; use projector='plumage' or leave max_inv_p unset")
+        check_resample_every(resample_every)
         if resample_every and not self.rescales:
             raise ValueError(f"resample_every={resample_every!r} draws PLUMAGE's sample again, but projector "
                              f"{self.name!r} does not sample; use projector='plumage' or leave resample_every at 0")

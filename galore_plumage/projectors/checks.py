@@ -1,0 +1,24 @@
+"""The checks of the projector options that the optimizers' options table also declares (max_inv_p, resample_every,
+solver): written once here, where the projector needs them, and imported by optimizers/options.py as each
+option's check, so a message never differs between `build_projector(...)` and `--flag`."""
+
+from __future__ import annotations
+
+# how SVD-based projectors get singular vectors: "svd" = torch.linalg.svd (galore-torch's call, bit-exact parity);
+# "gram" = eigh of the projected side's Gram matrix when that side is the smaller one (several times faster)
+SOLVERS = ("svd", "gram")
+
+
+def check_max_inv_p(value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 1.0):
+        raise ValueError(f"max_inv_p must be a number >= 1 (or None / inf for no cap), got {value!r}")
+
+
+def check_resample_every(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"resample_every must be an integer >= 0 (0: draw only at a refresh), got {value!r}")
+
+
+def check_solver(value) -> None:
+    if value not in SOLVERS:
+        raise ValueError(f"unknown solver {value!r}; choose one of {', '.join(SOLVERS)}")
