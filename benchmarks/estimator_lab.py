@@ -54,8 +54,8 @@ def capture_gradients(folder: Path, seed: int) -> dict[str, torch.Tensor]:
     from transformers import LlamaForCausalLM
 
     from galore_plumage.training.config import parse_config
+    from galore_plumage.training.data import Batches
     from galore_plumage.training.distributed import Dist
-    from galore_plumage.training.loop import Batches
 
     config = parse_config([*TRAIN_FLAGS, "--seed", str(seed), "--save_dir", str(ROOT / "runs" / "estimator_lab" / "tmp")])
     batch = Batches(config, Dist(0, 0, 1, torch.device("cpu"))).next()

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from plot_runs import load_run, plot_losses  # noqa: E402
 from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
-from galore_plumage.training.loop import perplexity  # noqa: E402
+from galore_plumage.training.metrics import perplexity  # noqa: E402
 
 # label -> (optimizer name, extra flags). Adafactor gets beta1 0.9 so it has a first moment to realign like the others.
 MAIN = {

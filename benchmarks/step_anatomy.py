@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 from plumage_flags import plumage_flags  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
 from galore_plumage.training.config import parse_config  # noqa: E402
+from galore_plumage.training.data import Batches  # noqa: E402
 from galore_plumage.training.distributed import init_distributed  # noqa: E402
-from galore_plumage.training.loop import Batches, evaluate, make_optimizer, seed_everything  # noqa: E402
+from galore_plumage.training.loop import evaluate, make_optimizer, seed_everything  # noqa: E402
 from galore_plumage.training.model import build_model, load_model_config  # noqa: E402
 from galore_plumage.training.schedule import build_scheduler  # noqa: E402
 

@@ -191,16 +191,38 @@ def parse_config(argv: list[str] | None = None, world_size: int = 1, cuda_bf16: 
 
 
 def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -> TrainConfig:
-    """Fill the derived fields (batch arithmetic, steps from tokens, dtype, save_dir) and check every value."""
+    """Fill the derived fields (batch arithmetic, steps from tokens, dtype, save_dir) and check every value, in the
+    order a user would fix them: numbers, combinations of flags, batch arithmetic, the run's length, files."""
     c = dataclasses.replace(config, world_size=world_size)
     if c.eval_tokens is None:
         c.eval_tokens = LOCAL_EVAL_TOKENS if c.dataset == BUNDLED or _is_local_file(c.dataset) else STREAMED_EVAL_TOKENS
+    if c.lr is None:
+        c.lr = recommended_lr(optimizer_spec(c.optimizer))
+    _check_numbers(c)
+    _check_combinations(c, world_size)
+    _derive_batch(c, world_size)
+    if c.max_train_tokens is not None:
+        # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
+        c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
+    if c.warmup_steps >= c.num_training_steps and c.scheduler != "constant":
+        raise ValueError(f"--warmup_steps {c.warmup_steps} leaves no room for the {c.scheduler} decay in "
+                         f"{c.num_training_steps} updates; lower it (10% of the run is usual)")
+    if c.stop_at is not None and not 1 <= c.stop_at <= c.num_training_steps:
+        raise ValueError(f"--stop_at must be in [1, num_training_steps={c.num_training_steps}], got {c.stop_at}")
+    _check_files(c)
+    if c.dtype is None:
+        c.dtype = "bfloat16" if cuda_bf16 else "float32"
+    if c.save_dir is None:
+        c.save_dir = str(Path("runs") / f"{Path(c.model_config).stem}-{c.optimizer}")
+    check_save_dir(c.save_dir, c.continue_from, c.overwrite)
+    return c
+
+
+def _check_numbers(c: TrainConfig) -> None:
     for name in ("batch_size", "max_length", "num_training_steps", "eval_every", "save_every", "rank",
                  "update_proj_gap", "eval_tokens", "vocab_size"):
         if getattr(c, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
-    if c.lr is None:
-        c.lr = recommended_lr(optimizer_spec(c.optimizer))
     for name in ("lr", "weight_decay", "grad_clipping", "min_lr_ratio", "beta1", "galore_scale"):
         value = getattr(c, name)
         if value is not None and not math.isfinite(value):
@@ -212,6 +234,9 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         raise ValueError(f"--min_lr_ratio must be in [0, 1], got {c.min_lr_ratio}")
     if not 0.0 <= c.beta1 < 1.0:
         raise ValueError(f"--beta1 must be in [0, 1), got {c.beta1}")
+
+
+def _check_combinations(c: TrainConfig, world_size: int) -> None:
     if c.proj_quant:
         raise ValueError("--proj_quant (Q-GaLore's quantized projections) is not implemented; drop the flag")
     if c.single_gpu and world_size > 1:
@@ -234,6 +259,9 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         raise ValueError(f"--optimizer {c.optimizer} steps each weight inside its gradient hook, before DDP has "
                          f"all-reduced that gradient; run it on one process (--single_gpu), not {world_size}")
 
+
+def _derive_batch(c: TrainConfig, world_size: int) -> None:
+    """gradient_accumulation and total_batch_size from whichever was given (GaLore's arithmetic), checked."""
     per_process = c.batch_size * world_size
     if c.gradient_accumulation is None:
         total = c.total_batch_size if c.total_batch_size is not None else per_process
@@ -249,14 +277,8 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         raise ValueError(f"gradient_accumulation x batch_size x world_size = {c.gradient_accumulation} x {c.batch_size} x "
                          f"{world_size} != --total_batch_size {c.total_batch_size}")
 
-    if c.max_train_tokens is not None:
-        # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
-        c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
-    if c.warmup_steps >= c.num_training_steps and c.scheduler != "constant":
-        raise ValueError(f"--warmup_steps {c.warmup_steps} leaves no room for the {c.scheduler} decay in "
-                         f"{c.num_training_steps} updates; lower it (10% of the run is usual)")
-    if c.stop_at is not None and not 1 <= c.stop_at <= c.num_training_steps:
-        raise ValueError(f"--stop_at must be in [1, num_training_steps={c.num_training_steps}], got {c.stop_at}")
+
+def _check_files(c: TrainConfig) -> None:
     if _is_local_file(c.dataset) and not Path(c.dataset).is_file():
         raise ValueError(f"--dataset {c.dataset!r}: no such file; pass an existing .txt/.jsonl, '{BUNDLED}' or "
                          "'allenai/c4'")
@@ -265,12 +287,6 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
                          "lines) or .jsonl (a 'text' field); convert the file to one of them")
     if not Path(c.model_config).is_file():
         raise ValueError(f"--model_config {c.model_config!r}: no such file; choose one of configs/llama_*.json")
-    if c.dtype is None:
-        c.dtype = "bfloat16" if cuda_bf16 else "float32"
-    if c.save_dir is None:
-        c.save_dir = str(Path("runs") / f"{Path(c.model_config).stem}-{c.optimizer}")
-    check_save_dir(c.save_dir, c.continue_from, c.overwrite)
-    return c
 
 
 def _is_local_file(dataset: str) -> bool:

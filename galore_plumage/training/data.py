@@ -21,6 +21,8 @@ import torch
 
 from .config import BUNDLED, TrainConfig
 from .corpus import fetch_corpus, split_works
+from .distributed import Dist
+from .tokenizer import load_tokenizer
 
 ENCODE_CHUNK = 256  # documents per tokenizer call
 HELD_OUT_EVERY = 20  # every 20th document of a local corpus is validation
@@ -227,3 +229,47 @@ def streamed_eval_batches(dataset, tokenizer, max_length: int, batch_size: int, 
         batches.append(batch)
         tokens += batch.numel()
     return batches
+
+
+class Batches:
+    """One interface over the two data sources: next(), state_dict(), and the fixed validation batches."""
+
+    def __init__(self, config: TrainConfig, context: Dist):
+        self.config, self.context = config, context
+        self.streamed = is_streamed(config.dataset)
+        texts = (None, None) if self.streamed else load_texts(config)
+        self.tokenizer = load_tokenizer(config.tokenizer, texts[0], config.vocab_size, config.data_dir, config.max_length)
+        rank, world = context.rank, context.world_size
+        if self.streamed:
+            self._train_stream = stream_hub_dataset(config.dataset, "train", config.seed)
+            self.position = 0
+            self._iterator = None
+            validation = stream_hub_dataset(config.dataset, "validation", config.seed)
+            self.validation = streamed_eval_batches(validation, self.tokenizer, config.max_length,
+                                                             config.batch_size, config.eval_tokens, rank, world)
+        else:
+            train = pack(texts[0], self.tokenizer, config.max_length)
+            self.shuffled = ShuffledBatches(train, config.batch_size, config.seed, rank, world)
+            self.validation = eval_batches(pack(texts[1], self.tokenizer, config.max_length),
+                                                    config.batch_size, config.eval_tokens, rank, world)
+
+    def next(self) -> torch.Tensor:
+        if not self.streamed:
+            return self.shuffled.next_batch()
+        if self._iterator is None:
+            dataset = StreamedBatches(self._train_stream, self.tokenizer, self.config.max_length,
+                                               self.config.batch_size, self.context.rank, self.context.world_size,
+                                               skip=self.position)
+            loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=self.config.workers)
+            self._iterator = iter(loader)
+        self.position += 1
+        return next(self._iterator)
+
+    def state_dict(self) -> dict:
+        return {"position": self.position} if self.streamed else self.shuffled.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.streamed:
+            self.position, self._iterator = state["position"], None
+        else:
+            self.shuffled.load_state_dict(state)

@@ -1,4 +1,5 @@
-"""The training run behind torchrun_main.py: setup, the update loop, evaluation, checkpoints, summary.
+"""The training run behind torchrun_main.py: `Trainer` (setup, resume, update, evaluate, checkpoint, summary) and
+the helpers it shares with the benchmarks (seed_everything, make_optimizer, evaluate, weight_fingerprint).
 
 Differences from GaLore's script, on purpose: exactly `num_training_steps` updates (GaLore ran one
 more); `--max_train_tokens` counts tokens; eval loss is the token-weighted mean over all ranks;
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import random
 import sys
 import time
@@ -23,62 +23,17 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..optimizers import build_optimizer, describe_routing, optimizer_spec
-from . import data as data_lib
 from .checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import TrainConfig, resume_conflicts
+from .data import Batches
 from .distributed import Dist, all_reduce_sum, barrier, gather_floats
 from .fsdp import ensure_process_group, load_sharded_checkpoint, save_sharded_checkpoint, shard_model
-from .metrics import MetricsLog, Progress, projector_records
+from .metrics import MetricsLog, Progress, perplexity, projector_records
 from .model import build_model, load_model_config
 from .run_folder import clear_run, remove_stale_temps, truncate_metrics
 from .schedule import build_scheduler, step_scheduler
-from .tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class Batches:
-    """One interface over the two data sources: next(), state_dict(), and the fixed validation batches."""
-
-    def __init__(self, config: TrainConfig, context: Dist):
-        self.config, self.context = config, context
-        self.streamed = data_lib.is_streamed(config.dataset)
-        texts = (None, None) if self.streamed else data_lib.load_texts(config)
-        self.tokenizer = load_tokenizer(config.tokenizer, texts[0], config.vocab_size, config.data_dir, config.max_length)
-        rank, world = context.rank, context.world_size
-        if self.streamed:
-            self._train_stream = data_lib.stream_hub_dataset(config.dataset, "train", config.seed)
-            self.position = 0
-            self._iterator = None
-            validation = data_lib.stream_hub_dataset(config.dataset, "validation", config.seed)
-            self.validation = data_lib.streamed_eval_batches(validation, self.tokenizer, config.max_length,
-                                                             config.batch_size, config.eval_tokens, rank, world)
-        else:
-            train = data_lib.pack(texts[0], self.tokenizer, config.max_length)
-            self.shuffled = data_lib.ShuffledBatches(train, config.batch_size, config.seed, rank, world)
-            self.validation = data_lib.eval_batches(data_lib.pack(texts[1], self.tokenizer, config.max_length),
-                                                    config.batch_size, config.eval_tokens, rank, world)
-
-    def next(self) -> torch.Tensor:
-        if not self.streamed:
-            return self.shuffled.next_batch()
-        if self._iterator is None:
-            dataset = data_lib.StreamedBatches(self._train_stream, self.tokenizer, self.config.max_length,
-                                               self.config.batch_size, self.context.rank, self.context.world_size,
-                                               skip=self.position)
-            loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=self.config.workers)
-            self._iterator = iter(loader)
-        self.position += 1
-        return next(self._iterator)
-
-    def state_dict(self) -> dict:
-        return {"position": self.position} if self.streamed else self.shuffled.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        if self.streamed:
-            self.position, self._iterator = state["position"], None
-        else:
-            self.shuffled.load_state_dict(state)
 
 
 def seed_everything(seed: int) -> None:
@@ -158,17 +113,11 @@ def claim_save_dir(config: TrainConfig) -> None:
         _warn(f"removed {', '.join(stale)} from {save_dir}: left by a save that was killed")
 
 
-def train(config: TrainConfig, context: Dist) -> dict:
-    """Run the whole job; returns the final summary (also the last line of metrics.jsonl)."""
-    seed_everything(config.seed)
-    main = context.is_main
-    resume_folder = find_resume(config, main)
-    log = MetricsLog(config.save_dir, enabled=main)
-
-    # the main rank fetches the corpus and trains the tokenizer first, so ranks never race on the cache; the
-    # all-reduce doubles as the barrier and tells the other ranks to stop if it failed, instead of waiting
-    failure = None
-    if main:
+def load_data(config: TrainConfig, context: Dist) -> Batches:
+    """The run's batches. The main rank fetches the corpus and trains the tokenizer first, so ranks never race on
+    the cache; the all-reduce doubles as the barrier and tells the other ranks to stop if it failed."""
+    batches, failure = None, None
+    if context.is_main:
         try:
             batches = Batches(config, context)
         except Exception as error:  # noqa: BLE001 - re-raised below, after the other ranks know
@@ -178,150 +127,190 @@ def train(config: TrainConfig, context: Dist) -> dict:
         raise failure
     if ready < context.world_size:
         raise RuntimeError("rank 0 could not prepare the data (its error is above); stopping")
-    if not main:
-        batches = Batches(config, context)
+    return batches if context.is_main else Batches(config, context)
 
-    tokenizer = batches.tokenizer
-    model_config = load_model_config(config.model_config, len(tokenizer), tokenizer.eos_token_id)
-    dtype = DTYPES[config.dtype]
-    model = build_model(model_config, dtype, context.device, config.seed, config.activation_checkpointing)
-    if config.fsdp:  # before the optimizer is built: it must hold the sharded (DTensor) parameters
-        ensure_process_group(context)
-        shard_model(model)
 
-    optimizer = make_optimizer(config, model)
-    inner = getattr(optimizer, "optimizer", optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
-    scheduler = build_scheduler(inner, config.scheduler, config.warmup_steps, config.num_training_steps,
-                                config.min_lr_ratio)
-    index_names = _names_by_group_index(inner, model)
+class Trainer:
+    """One pretraining job: `Trainer(config, context)` sets it up (data, model, optimizer, schedule, the resumed
+    state), `run()` does the updates, evaluations and checkpoints and returns the summary."""
 
-    if main:
-        claim_save_dir(config)
-    update_step, tokens_seen = 0, 0
-    if resume_folder is not None:
-        folder = resume_folder
-        if config.fsdp:
-            state = load_sharded_checkpoint(folder, model, optimizer)
+    def __init__(self, config: TrainConfig, context: Dist):
+        seed_everything(config.seed)
+        self.config, self.context, self.main = config, context, context.is_main
+        resume_folder = find_resume(config, self.main)
+        self.log = MetricsLog(config.save_dir, enabled=self.main)
+        self.batches = load_data(config, context)
+        tokenizer = self.batches.tokenizer
+        model_config = load_model_config(config.model_config, len(tokenizer), tokenizer.eos_token_id)
+        self.dtype = DTYPES[config.dtype]
+        self.model = build_model(model_config, self.dtype, context.device, config.seed, config.activation_checkpointing)
+        if config.fsdp:  # before the optimizer is built: it must hold the sharded (DTensor) parameters
+            ensure_process_group(context)
+            shard_model(self.model)
+        self.optimizer = make_optimizer(config, self.model)
+        self.inner = getattr(self.optimizer, "optimizer", self.optimizer)  # per-layer mode: the wrapped optimizer
+        self.scheduler = build_scheduler(self.inner, config.scheduler, config.warmup_steps, config.num_training_steps,
+                                         config.min_lr_ratio)
+        self.index_names = _names_by_group_index(self.inner, self.model)
+        if self.main:
+            claim_save_dir(config)
+        self.update_step, self.tokens_seen = 0, 0
+        if resume_folder is not None:
+            self.resume(resume_folder)
+        self.announce()
+        self.ddp_model = self.model
+        if context.active and not config.fsdp:
+            self.ddp_model = DistributedDataParallel(
+                self.model, device_ids=[context.local_rank] if context.device.type == "cuda" else None)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.progress = Progress(config.num_training_steps, self.update_step, enabled=self.main and config.progress)
+
+    def resume(self, folder: Path) -> None:
+        """Model, optimizer, schedule, data position, RNG and counters from a checkpoint; the run's own log is cut
+        back to it, so the updates about to be replayed are not counted twice."""
+        if self.config.fsdp:
+            state = load_sharded_checkpoint(folder, self.model, self.optimizer)
         else:
-            state = load_checkpoint(folder, model)
-            optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        batches.load_state_dict(state["data"])
+            state = load_checkpoint(folder, self.model)
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.batches.load_state_dict(state["data"])
         set_rng_state(state["rng"])
-        update_step, tokens_seen = state["update_step"], state["tokens_seen"]
-        if main:
-            print(f"resumed from {folder} at update {update_step} ({tokens_seen:,} tokens)")
-            if folder.parent.resolve() == Path(config.save_dir).resolve():  # its own log: the replayed updates go
-                truncate_metrics(Path(config.save_dir), update_step)
+        self.update_step, self.tokens_seen = state["update_step"], state["tokens_seen"]
+        if self.main:
+            print(f"resumed from {folder} at update {self.update_step} ({self.tokens_seen:,} tokens)")
+            if folder.parent.resolve() == Path(self.config.save_dir).resolve():
+                truncate_metrics(Path(self.config.save_dir), self.update_step)
 
-    if main:
-        params = sum(p.numel() for p in model.parameters())
-        print(f"model {config.model_config}: {params / 1e6:.2f}M parameters, vocab {len(tokenizer)}, {config.dtype}, "
-              f"{context.world_size} process(es) on {context.device.type}")
-        print(f"optimizer {config.optimizer}: " + describe_routing(optimizer.routing, config.rank))
+    def announce(self) -> None:
+        """What runs, on stdout and as the log's config record (main rank)."""
+        if not self.main:
+            return
+        config, context = self.config, self.context
+        params = sum(p.numel() for p in self.model.parameters())
+        print(f"model {config.model_config}: {params / 1e6:.2f}M parameters, vocab {len(self.batches.tokenizer)}, "
+              f"{config.dtype}, {context.world_size} process(es) on {context.device.type}")
+        print(f"optimizer {config.optimizer}: " + describe_routing(self.optimizer.routing, config.rank))
         print(f"{config.num_training_steps} updates of {config.total_batch_size} x {config.max_length} tokens "
               f"(batch {config.batch_size} x accumulation {config.gradient_accumulation} x world {context.world_size})")
-        log.write("config", step=update_step, **{k: v for k, v in asdict(config).items()})
+        self.log.write("config", step=self.update_step, **asdict(config))
 
-    ddp_model = model
-    if context.active and not config.fsdp:
-        ddp_model = DistributedDataParallel(model, device_ids=[context.local_rank] if context.device.type == "cuda"
-                                            else None)
+    def autocast(self):
+        return torch.autocast(self.context.device.type, dtype=torch.bfloat16, enabled=self.dtype == torch.bfloat16)
 
-    def autocast():
-        return torch.autocast(context.device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
-
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    progress = Progress(config.num_training_steps, update_step, enabled=main and config.progress)
-    last_saved, last_eval = None, None
-    accumulation = config.gradient_accumulation
-
-    def checkpoint(step: int) -> None:
-        trainer_state = {"scheduler": scheduler.state_dict(), "data": batches.state_dict(), "rng": rng_state(),
-                         "update_step": step, "tokens_seen": tokens_seen}
-        summary = {"update_step": step, "tokens_seen": tokens_seen, "optimizer": config.optimizer,
-                   "config": asdict(config)}  # what a resume is checked against
-        if config.fsdp:  # every rank writes its own shards of the model and the optimizer
-            folder = save_sharded_checkpoint(config.save_dir, step, model, optimizer, trainer_state, summary, main)
-        elif main:
-            folder = save_checkpoint(config.save_dir, step, model, {"optimizer": optimizer.state_dict(), **trainer_state},
-                                     summary)
-        if main:
-            progress.write(f"saved {folder}")
-            remove_stale_temps(Path(config.save_dir))
-        barrier(context)
-
-    def run_eval(step: int) -> float:
-        eval_loss, eval_count = evaluate(ddp_model, batches.validation, context, autocast)
-        eval_ppl = perplexity(eval_loss)
-        log.write("eval", step=step, eval_loss=eval_loss, eval_ppl=eval_ppl, eval_tokens=eval_count,
-                  tokens=tokens_seen)
-        for record in projector_records(optimizer, index_names):
-            log.write("projector", step=step, **record)
-        progress.write(f"update {step}: eval loss {eval_loss:.4f}, ppl {eval_ppl:.2f} on {eval_count:,} tokens")
-        return eval_loss
-
-    start = time.perf_counter()
-    stop = config.stop_at if config.stop_at is not None else config.num_training_steps
-    while update_step < stop:
-        loss_sum = torch.zeros((), dtype=torch.float64, device=context.device)  # summed on device: one sync an update
+    def forward_backward(self) -> torch.Tensor:
+        """The micro-batches of one update, gradients accumulated; their summed loss (on device: one sync an update)."""
+        config, context, accumulation = self.config, self.context, self.config.gradient_accumulation
+        loss_sum = torch.zeros((), dtype=torch.float64, device=context.device)
         for micro in range(accumulation):
-            batch = batches.next().to(context.device)
+            batch = self.batches.next().to(context.device)
             last_micro = micro == accumulation - 1
             # only all-reduce (FSDP2: reduce-scatter) gradients at the last micro-step of an update
-            sync = contextlib.nullcontext() if last_micro or not context.active or config.fsdp else ddp_model.no_sync()
+            sync = (contextlib.nullcontext() if last_micro or not context.active or config.fsdp
+                    else self.ddp_model.no_sync())
             if config.fsdp:
-                model.set_requires_gradient_sync(last_micro)
+                self.model.set_requires_gradient_sync(last_micro)
             with sync:
-                with autocast():
-                    loss = ddp_model(input_ids=batch, labels=batch).loss
+                with self.autocast():
+                    loss = self.ddp_model(input_ids=batch, labels=batch).loss
                 (loss / accumulation).backward()
             loss_sum += loss.detach().double()
+        return loss_sum
+
+    def update(self) -> None:
+        """One optimizer update, logged."""
+        config = self.config
+        loss_sum = self.forward_backward()
         if not torch.isfinite(loss_sum):
-            raise FloatingPointError(f"non-finite training loss at update {update_step + 1}; lower --lr or enable "
+            raise FloatingPointError(f"non-finite training loss at update {self.update_step + 1}; lower --lr or enable "
                                      f"--grad_clipping. The last checkpoint is left untouched")
         if config.grad_clipping > 0:  # resolve() refused clipping for per-layer optimizers
-            torch.nn.utils.clip_grad_norm_(trainable, config.grad_clipping)
-        lr = inner.param_groups[0]["lr"]
-        optimizer.step()
-        step_scheduler(scheduler)
-        optimizer.zero_grad(set_to_none=True)
-        update_step += 1
-        tokens_seen += config.tokens_per_update
+            torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clipping)
+        lr = self.inner.param_groups[0]["lr"]
+        self.optimizer.step()
+        step_scheduler(self.scheduler)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.update_step += 1
+        self.tokens_seen += config.tokens_per_update
+        (loss_total,) = all_reduce_sum(loss_sum.item(), context=self.context)
+        train_loss = loss_total / (config.gradient_accumulation * self.context.world_size)
+        rate = self.progress.update(train_loss, lr, config.tokens_per_update)
+        self.log.write("train", step=self.update_step, loss=train_loss, lr=lr, tokens=self.tokens_seen,
+                       tokens_per_s=rate)
 
-        (loss_total,) = all_reduce_sum(loss_sum.item(), context=context)
-        train_loss = loss_total / (accumulation * context.world_size)
-        rate = progress.update(train_loss, lr, config.tokens_per_update)
-        log.write("train", step=update_step, loss=train_loss, lr=lr, tokens=tokens_seen, tokens_per_s=rate)
+    def evaluate(self) -> float:
+        """Eval loss on the fixed validation batches, logged with the projectors' statistics."""
+        step = self.update_step
+        eval_loss, eval_count = evaluate(self.ddp_model, self.batches.validation, self.context, self.autocast)
+        eval_ppl = perplexity(eval_loss)
+        self.log.write("eval", step=step, eval_loss=eval_loss, eval_ppl=eval_ppl, eval_tokens=eval_count,
+                       tokens=self.tokens_seen)
+        for record in projector_records(self.optimizer, self.index_names):
+            self.log.write("projector", step=step, **record)
+        self.progress.write(f"update {step}: eval loss {eval_loss:.4f}, ppl {eval_ppl:.2f} on {eval_count:,} tokens")
+        return eval_loss
 
-        if update_step % config.eval_every == 0:
-            last_eval = (update_step, run_eval(update_step))
-        if update_step % config.save_every == 0:
-            checkpoint(update_step)
-            last_saved = update_step
-    progress.close()
-
-    if last_saved != update_step:
-        checkpoint(update_step)
-    if update_step < config.num_training_steps:
+    def checkpoint(self) -> None:
+        config, step, main = self.config, self.update_step, self.main
+        trainer_state = {"scheduler": self.scheduler.state_dict(), "data": self.batches.state_dict(),
+                         "rng": rng_state(), "update_step": step, "tokens_seen": self.tokens_seen}
+        summary = {"update_step": step, "tokens_seen": self.tokens_seen, "optimizer": config.optimizer,
+                   "config": asdict(config)}  # what a resume is checked against
+        if config.fsdp:  # every rank writes its own shards of the model and the optimizer
+            folder = save_sharded_checkpoint(config.save_dir, step, self.model, self.optimizer, trainer_state, summary,
+                                             main)
+        elif main:
+            folder = save_checkpoint(config.save_dir, step, self.model,
+                                     {"optimizer": self.optimizer.state_dict(), **trainer_state}, summary)
         if main:
-            print(f"stopped at update {update_step} of {config.num_training_steps} (--stop_at); "
-                  f"resume with --continue_from {config.save_dir}")
-        return {"step": update_step, "tokens": tokens_seen, "stopped": True, "save_dir": config.save_dir}
-    eval_loss = last_eval[1] if last_eval and last_eval[0] == update_step else run_eval(update_step)
-    fingerprints = gather_floats(weight_fingerprint(model), context=context)
-    if main and len(set(fingerprints)) > 1:
-        print(f"WARNING: the ranks ended with different weights (fingerprints {fingerprints})")
-    summary = {
-        "step": update_step, "tokens": tokens_seen, "eval_loss": eval_loss, "eval_ppl": perplexity(eval_loss),
-        "seconds": time.perf_counter() - start, "optimizer": config.optimizer, "save_dir": config.save_dir,
-        "rank_fingerprints": fingerprints,
-    }
-    log.write("summary", **summary)
-    if main:
-        print(f"done: {update_step} updates, {tokens_seen:,} tokens, final eval loss {eval_loss:.4f}, "
-              f"ppl {summary['eval_ppl']:.2f}; metrics in {log.path}, checkpoint in {config.save_dir}/model_{update_step}")
-    return summary
+            self.progress.write(f"saved {folder}")
+            remove_stale_temps(Path(config.save_dir))
+        barrier(self.context)
+
+    def run(self) -> dict:
+        """The updates up to --stop_at or the end, evaluating and saving on schedule; the summary."""
+        config = self.config
+        last_saved, last_eval = None, None
+        start = time.perf_counter()
+        stop = config.stop_at if config.stop_at is not None else config.num_training_steps
+        while self.update_step < stop:
+            self.update()
+            if self.update_step % config.eval_every == 0:
+                last_eval = (self.update_step, self.evaluate())
+            if self.update_step % config.save_every == 0:
+                self.checkpoint()
+                last_saved = self.update_step
+        self.progress.close()
+        if last_saved != self.update_step:
+            self.checkpoint()
+        if self.update_step < config.num_training_steps:
+            if self.main:
+                print(f"stopped at update {self.update_step} of {config.num_training_steps} (--stop_at); "
+                      f"resume with --continue_from {config.save_dir}")
+            return {"step": self.update_step, "tokens": self.tokens_seen, "stopped": True, "save_dir": config.save_dir}
+        eval_loss = last_eval[1] if last_eval and last_eval[0] == self.update_step else self.evaluate()
+        return self.finish(eval_loss, time.perf_counter() - start)
+
+    def finish(self, eval_loss: float, seconds: float) -> dict:
+        """The summary record (and the check that every rank ended with the same weights)."""
+        config, step = self.config, self.update_step
+        fingerprints = gather_floats(weight_fingerprint(self.model), context=self.context)
+        if self.main and len(set(fingerprints)) > 1:
+            print(f"WARNING: the ranks ended with different weights (fingerprints {fingerprints})")
+        summary = {"step": step, "tokens": self.tokens_seen, "eval_loss": eval_loss, "eval_ppl": perplexity(eval_loss),
+                   "seconds": seconds, "optimizer": config.optimizer, "save_dir": config.save_dir,
+                   "rank_fingerprints": fingerprints}
+        self.log.write("summary", **summary)
+        if self.main:
+            print(f"done: {step} updates, {self.tokens_seen:,} tokens, final eval loss {eval_loss:.4f}, "
+                  f"ppl {summary['eval_ppl']:.2f}; metrics in {self.log.path}, checkpoint in "
+                  f"{config.save_dir}/model_{step}")
+        return summary
+
+
+def train(config: TrainConfig, context: Dist) -> dict:
+    """Run the whole job; returns the final summary (also the last line of metrics.jsonl)."""
+    return Trainer(config, context).run()
 
 
 @torch.no_grad()
@@ -337,10 +326,6 @@ def weight_fingerprint(model) -> float:
             phase = torch.arange(start, start + piece.numel(), device=piece.device, dtype=torch.float64).add_(k).cos_()
             total += float(piece.dot(phase))
     return total
-
-
-def perplexity(loss: float) -> float:
-    return math.exp(min(loss, 50.0))  # capped so a diverged run logs a number, not an overflow
 
 
 def _names_by_group_index(optimizer, model) -> dict[int, str]:

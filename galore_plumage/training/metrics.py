@@ -25,6 +25,10 @@ class MetricsLog:
                 handle.write(json.dumps({"type": kind, **record}) + "\n")
 
 
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 50.0))  # capped so a diverged run logs a number, not an overflow
+
+
 def projector_records(optimizer, names: dict[int, str]) -> list[dict]:
     """One record per low-rank weight: r*, ρ, τ, max 1/p and refresh counts from its projector's stats."""
     inner = getattr(optimizer, "optimizer", optimizer)  # per-layer mode wraps the optimizer
