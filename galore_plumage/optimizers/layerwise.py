@@ -16,6 +16,12 @@ import torch
 from .base import LowRankOptimizer
 
 
+def inner_optimizer(optimizer):
+    """The optimizer that holds the groups and state: the one a wrapper (LayerwiseOptimizer, or anything else with
+    an `optimizer` attribute, as accelerate's) holds, else the optimizer itself."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
 class LayerwiseOptimizer:
     """Wraps one LowRankOptimizer (which keeps all the state) and drives it from gradient hooks.
 

@@ -53,7 +53,8 @@ def _recommended_lrs() -> str:
     return (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
 
 
-def _flag(default, help: str, **argparse_options):
+def flag(default, help: str, **argparse_options):
+    """A config dataclass field that add_flags turns into --<name> with this help (torchrun_main.py and run_glue.py)."""
     return field(default=default, metadata={"help": help, **argparse_options})
 
 
@@ -69,72 +70,72 @@ def parse_token_count(text: str) -> int:
 @dataclass
 class TrainConfig:
     # --- model
-    model_config: str = _flag("configs/llama_tiny.json",
+    model_config: str = flag("configs/llama_tiny.json",
                               "LlamaConfig JSON (configs/llama_*.json); vocab_size follows the tokenizer")
-    use_hf_model: bool = _flag(False, "accepted for GaLore compatibility: the model is always transformers' LlamaForCausalLM")
-    activation_checkpointing: bool = _flag(False, "recompute activations in the backward pass to save memory")
-    dtype: str = _flag(None, "weight dtype; bfloat16 also runs the forward under bf16 autocast. Default: bfloat16 on a "
+    use_hf_model: bool = flag(False, "accepted for GaLore compatibility: the model is always transformers' LlamaForCausalLM")
+    activation_checkpointing: bool = flag(False, "recompute activations in the backward pass to save memory")
+    dtype: str = flag(None, "weight dtype; bfloat16 also runs the forward under bf16 autocast. Default: bfloat16 on a "
                              "CUDA device that supports it, float32 otherwise", choices=DTYPES)
     # --- data
-    dataset: str = _flag(BUNDLED, f"'{BUNDLED}' (the bundled public-domain corpus), 'allenai/c4' (streamed as GaLore "
+    dataset: str = flag(BUNDLED, f"'{BUNDLED}' (the bundled public-domain corpus), 'allenai/c4' (streamed as GaLore "
                                   "does), or a local .txt (documents separated by blank lines) / .jsonl ('text' field)")
-    tokenizer: str = _flag(DEFAULT_TOKENIZER, f"'{DEFAULT_TOKENIZER}': a byte-level BPE trained offline on the training "
+    tokenizer: str = flag(DEFAULT_TOKENIZER, f"'{DEFAULT_TOKENIZER}': a byte-level BPE trained offline on the training "
                                               "split and cached; or a name/path for AutoTokenizer (t5-base for C4)")
-    vocab_size: int = _flag(8192, f"vocabulary of the '{DEFAULT_TOKENIZER}' tokenizer")
-    data_dir: str = _flag("data", "where the bundled corpus, tokenizers and other downloads are cached")
-    max_length: int = _flag(256, "tokens per packed training sequence")
-    eval_tokens: int = _flag(None, "validation token budget of one evaluation (the whole split if smaller); default: "
+    vocab_size: int = flag(8192, f"vocabulary of the '{DEFAULT_TOKENIZER}' tokenizer")
+    data_dir: str = flag("data", "where the bundled corpus, tokenizers and other downloads are cached")
+    max_length: int = flag(256, "tokens per packed training sequence")
+    eval_tokens: int = flag(None, "validation token budget of one evaluation (the whole split if smaller); default: "
                                    f"{STREAMED_EVAL_TOKENS:,} for a streamed hub dataset (GaLore's), {LOCAL_EVAL_TOKENS:,} "
                                    "otherwise, so a short run does not spend most of its time evaluating")
-    workers: int = _flag(8, "DataLoader worker processes for a streamed dataset (C4); in-memory corpora need none")
+    workers: int = flag(8, "DataLoader worker processes for a streamed dataset (C4); in-memory corpora need none")
     # --- batch and length of the run
-    batch_size: int = _flag(8, "sequences per micro-batch on each process")
-    gradient_accumulation: int = _flag(None, "micro-batches per update (derived from --total_batch_size if omitted)")
-    total_batch_size: int = _flag(None, "sequences per update over all processes; default batch_size x world size")
-    num_training_steps: int = _flag(10_000, "number of optimizer updates (gradient accumulation taken into account)")
-    max_train_tokens: int = _flag(None, "train on this many tokens instead (K/M/B suffixes); overrides "
+    batch_size: int = flag(8, "sequences per micro-batch on each process")
+    gradient_accumulation: int = flag(None, "micro-batches per update (derived from --total_batch_size if omitted)")
+    total_batch_size: int = flag(None, "sequences per update over all processes; default batch_size x world size")
+    num_training_steps: int = flag(10_000, "number of optimizer updates (gradient accumulation taken into account)")
+    max_train_tokens: int = flag(None, "train on this many tokens instead (K/M/B suffixes); overrides "
                                         "--num_training_steps", type=parse_token_count)
     # --- optimizer
-    optimizer: str = _flag("plumage_adamw", "optimizer name (case-insensitive)", choices=list_optimizers(), type=str.lower)
-    lr: float = _flag(None, "peak learning rate; default: the optimizer's recommended lr (optimizers.recommended_lr: "
+    optimizer: str = flag("plumage_adamw", "optimizer name (case-insensitive)", choices=list_optimizers(), type=str.lower)
+    lr: float = flag(None, "peak learning rate; default: the optimizer's recommended lr (optimizers.recommended_lr: "
                             "the best of benchmarks/pretrain_protocol.py where it was run" + _recommended_lrs() + ")")
-    weight_decay: float = _flag(0.0, "decoupled weight decay")
-    beta1: float = _flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
-    grad_clipping: float = _flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
-    scheduler: str = _flag("cosine", "learning-rate schedule after the linear warmup", choices=SCHEDULERS)
-    min_lr_ratio: float = _flag(0.1, "final learning rate as a fraction of --lr (cosine and linear)")
-    warmup_steps: int = _flag(1_000, "linear warmup updates")
+    weight_decay: float = flag(0.0, "decoupled weight decay")
+    beta1: float = flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
+    grad_clipping: float = flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
+    scheduler: str = flag("cosine", "learning-rate schedule after the linear warmup", choices=SCHEDULERS)
+    min_lr_ratio: float = flag(0.1, "final learning rate as a fraction of --lr (cosine and linear)")
+    warmup_steps: int = flag(1_000, "linear warmup updates")
     # --- low-rank projection
-    rank: int = _flag(128, "rank of the low-rank projection")
-    update_proj_gap: int = _flag(200, "updates between projection refreshes (τ)")
-    galore_scale: float = _flag(None, "scale of the projected-back update; default: the optimizer's (0.25 for galore_* "
+    rank: int = flag(128, "rank of the low-rank projection")
+    update_proj_gap: int = flag(200, "updates between projection refreshes (τ)")
+    galore_scale: float = flag(None, "scale of the projected-back update; default: the optimizer's (0.25 for galore_* "
                                       f"as GaLore's recipe, {PlumageAdamW.class_defaults['scale']:g} for "
                                       "plumage_adamw, 1.0 otherwise)")
-    proj_type: str = _flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
-    projector: str = _flag(None, "override the optimizer's projector", choices=list_projectors())
-    realign: str = _flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
+    proj_type: str = flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
+    projector: str = flag(None, "override the optimizer's projector", choices=list_projectors())
+    realign: str = flag(None, "override the optimizer's moment realignment at refreshes", choices=RULES)
     # --- evaluation, checkpoints, logging
-    eval_every: int = _flag(5_000, "evaluate every this many updates (and at the end)")
-    save_every: int = _flag(10_000, "checkpoint every this many updates (and at the end)")
-    save_dir: str = _flag(None, "checkpoints and metrics.jsonl go here; default runs/<model>-<optimizer>")
-    continue_from: str = _flag(None, "resume from a checkpoint folder, or a save_dir: its newest complete checkpoint. "
+    eval_every: int = flag(5_000, "evaluate every this many updates (and at the end)")
+    save_every: int = flag(10_000, "checkpoint every this many updates (and at the end)")
+    save_dir: str = flag(None, "checkpoints and metrics.jsonl go here; default runs/<model>-<optimizer>")
+    continue_from: str = flag(None, "resume from a checkpoint folder, or a save_dir: its newest complete checkpoint. "
                                      "Flags that define the run must match the checkpoint's (a resume may change "
                                      "only " + ", ".join(f"--{k}" for k in sorted(RESUME_MAY_CHANGE - {"continue_from"}))
                                      + ")")
-    overwrite: bool = _flag(False, "delete the run already in --save_dir (its checkpoints and metrics.jsonl) and start "
+    overwrite: bool = flag(False, "delete the run already in --save_dir (its checkpoints and metrics.jsonl) and start "
                                    "afresh; without it a used --save_dir is refused unless --continue_from resumes it")
-    stop_at: int = _flag(None, "checkpoint and stop at this update, as a preempted job would, keeping the schedule "
+    stop_at: int = flag(None, "checkpoint and stop at this update, as a preempted job would, keeping the schedule "
                                "of --num_training_steps; resume later with --continue_from")
-    seed: int = _flag(0, "seeds the model init, data order and projections")
-    single_gpu: bool = _flag(False, "one process without DistributedDataParallel")
-    fsdp: bool = _flag(False, "shard the model over the processes with FSDP2 (fully_shard on each decoder layer and the "
+    seed: int = flag(0, "seeds the model init, data order and projections")
+    single_gpu: bool = flag(False, "one process without DistributedDataParallel")
+    fsdp: bool = flag(False, "shard the model over the processes with FSDP2 (fully_shard on each decoder layer and the "
                               "model) instead of DDP; optimizer state is sharded too, checkpoints are written with "
                               "torch.distributed.checkpoint (resume at the same number of processes)")
-    name: str = _flag("test", "run name, recorded in the metrics")
-    tags: str = _flag(None, "comma-separated tags, recorded in the metrics")
-    proj_quant: bool = _flag(False, "accepted for GaLore compatibility; quantized projections are not implemented "
+    name: str = flag("test", "run name, recorded in the metrics")
+    tags: str = flag(None, "comma-separated tags, recorded in the metrics")
+    proj_quant: bool = flag(False, "accepted for GaLore compatibility; quantized projections are not implemented "
                                     "and setting it is an error")
-    progress: bool = _flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
+    progress: bool = flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
 
     # the options of optimizers/options.py given on the command line (flags made from that table); the rest take
     # the optimizer's defaults

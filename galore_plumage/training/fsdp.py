@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
+from ..optimizers.layerwise import inner_optimizer
 from .checkpoint import TRAINER_FILE, CheckpointError, publish, read_trainer_state
 
 
@@ -40,10 +41,6 @@ def shard_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def _inner(optimizer):
-    return getattr(optimizer, "optimizer", optimizer)
-
-
 def _prepare(optimizer) -> None:
     """DCP loads into a template (get_optimizer_state_dict of this optimizer): every key must exist, with its shape."""
     if getattr(optimizer, "_sharding", None) is not None:
@@ -52,12 +49,12 @@ def _prepare(optimizer) -> None:
 
 def save_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
     """Write the optimizer state as a DCP checkpoint: sharded moments by rows, bases and scalars once."""
-    dcp.save({"optimizer": get_optimizer_state_dict(model, _inner(optimizer))}, checkpoint_id=str(path))
+    dcp.save({"optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}, checkpoint_id=str(path))
 
 
 def load_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
     """Read a checkpoint written by save_optimizer into `optimizer` (a fresh one is fine), at the same world size."""
-    inner = _inner(optimizer)
+    inner = inner_optimizer(optimizer)
     _prepare(inner)
     state = {"optimizer": get_optimizer_state_dict(model, inner)}
     dcp.load(state, checkpoint_id=str(path))
@@ -105,7 +102,7 @@ def save_sharded_checkpoint(save_dir: str | Path, step: int, model: nn.Module, o
         if temp.exists():
             shutil.rmtree(temp)
     dist.barrier()
-    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, _inner(optimizer))}
+    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}
     dcp.save(state, checkpoint_id=str(temp / DCP_FOLDER))
     final = save_dir / f"model_{step}"
     if is_main:
@@ -122,7 +119,7 @@ def load_sharded_checkpoint(folder: Path, model: nn.Module, optimizer) -> dict:
     if not (folder / DCP_FOLDER).is_dir():
         raise FileNotFoundError(f"--continue_from {str(folder)!r} holds no '{DCP_FOLDER}' folder: it was not written "
                                 "with --fsdp; resume it without --fsdp")
-    inner = _inner(optimizer)
+    inner = inner_optimizer(optimizer)
     _prepare(inner)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, inner)}
     try:

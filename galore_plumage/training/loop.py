@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..optimizers import build_optimizer, describe_routing, optimizer_spec
+from ..optimizers.layerwise import inner_optimizer
 from .checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import TrainConfig, resume_conflicts
 from .data import Batches
@@ -148,7 +149,7 @@ class Trainer:
             ensure_process_group(context)
             shard_model(self.model)
         self.optimizer = make_optimizer(config, self.model)
-        self.inner = getattr(self.optimizer, "optimizer", self.optimizer)  # per-layer mode: the wrapped optimizer
+        self.inner = inner_optimizer(self.optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
         self.scheduler = build_scheduler(self.inner, config.scheduler, config.warmup_steps, config.num_training_steps,
                                          config.min_lr_ratio)
         self.index_names = _names_by_group_index(self.inner, self.model)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..optimizers.layerwise import inner_optimizer
+
 
 class MetricsLog:
     """Appends records to `<save_dir>/metrics.jsonl` on rank 0 (a resumed run continues the same file)."""
@@ -31,7 +33,7 @@ def perplexity(loss: float) -> float:
 
 def projector_records(optimizer, names: dict[int, str]) -> list[dict]:
     """One record per low-rank weight: r*, ρ, τ, max 1/p and refresh counts from its projector's stats."""
-    inner = getattr(optimizer, "optimizer", optimizer)  # per-layer mode wraps the optimizer
+    inner = inner_optimizer(optimizer)
     if not hasattr(inner, "projector_stats"):
         return []
     records = []
