@@ -61,8 +61,8 @@ def _finish(process: subprocess.Popen) -> tuple[int, str]:
     return process.returncode, err
 
 
-def _kill_after(process: subprocess.Popen, save_dir: Path, update: int) -> int:
-    """SIGKILL the run as soon as its log shows `update`; its return code (0 if it finished first)."""
+def _kill_after(process: subprocess.Popen, save_dir: Path, update: int) -> tuple[int, str]:
+    """SIGKILL the run as soon as its log shows `update`; its return code (0 if it finished first) and stderr."""
     log = save_dir / "metrics.jsonl"
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while process.poll() is None and time.monotonic() < deadline:
@@ -70,7 +70,7 @@ def _kill_after(process: subprocess.Popen, save_dir: Path, update: int) -> int:
             process.send_signal(signal.SIGKILL)
             break
         time.sleep(0.005)
-    return _finish(process)[0]
+    return _finish(process)
 
 
 def _hidden(save_dir: Path) -> list[str]:
@@ -113,7 +113,8 @@ def test_killed_mid_save_and_at_random_updates_then_resumed_equals_the_straight_
     for _ in range(2):
         newest = (save_dir / "latest").read_text().strip()
         update = rng.randint(int(newest.removeprefix("model_")) + 1, UPDATES - 1)
-        assert _kill_after(_launch(flags, save_dir, "--continue_from", str(save_dir)), save_dir, update) == -signal.SIGKILL
+        code, err = _kill_after(_launch(flags, save_dir, "--continue_from", str(save_dir)), save_dir, update)
+        assert code == -signal.SIGKILL, err
     # 3. resumed until done
     code, err = _finish(_launch(flags, save_dir, "--continue_from", str(save_dir)))
     assert code == 0, err
