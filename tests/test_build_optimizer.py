@@ -137,13 +137,14 @@ def test_projector_override():
     default = next(g for g in build_optimizer("galore_adamw", _model(), rank=4).param_groups if "rank" in g)
     assert (default["projector"], default["realign"], default["scale"]) == ("svd", "none", 0.25)
     plumage = next(g for g in build_optimizer("plumage_adamw", _model(), rank=4).param_groups if "rank" in g)
-    # the fair protocol's choice for Adam moments: GaLore's recipe, sampled rows at the kept rows' step size, drawn anew
-    # before every update
+    # the fair protocols' choice for Adam moments: GaLore's recipe, Adam's step on every drawn row with no 1/p
+    # rescaling, the rows drawn anew before every update
     assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("plumage", "mv", 0.25)
-    assert (plumage["lr"], plumage["sampled_step"], plumage["resample_every"]) == (3e-3, "norm_matched", 1)
+    assert (plumage["lr"], plumage["sampled_step"], plumage["max_inv_p"], plumage["resample_every"]) == (
+        3e-3, "adaptive", 1.0, 1)
     sgdm = next(g for g in build_optimizer("plumage_sgdm", _model(), rank=4).param_groups if "rank" in g)
     # no normalization to amplify: the paper's step
-    assert (sgdm["scale"], sgdm["sampled_step"], sgdm["resample_every"]) == (1.0, "adaptive", 0)
+    assert (sgdm["scale"], sgdm["sampled_step"], sgdm["max_inv_p"], sgdm["resample_every"]) == (1.0, "adaptive", None, 0)
 
 
 def test_tucker_override_projects_convolutions():

@@ -4,9 +4,9 @@ A weight whose gradient has three strong directions and a long, decaying tail, f
 refresh interval. Adam normalizes every low-rank coordinate to about ±1 before D⁻¹ multiplies it by 1/p, so under
 the paper's estimator a sampled row moves 1/p times as far as a kept row, in the same direction, on every update of
 the interval: the whole step grows many times larger than GaLore's top-r step on the same gradient.
-The default (sampled_step="norm_matched": sampled rows moved by their own gradient at the kept rows' step size, drawn
-anew before every update) keeps each sampled row no larger than a kept one and the whole step within GaLore's, at its
-scale (0.25) and at the paper's (1.0). Every arm runs at the same lr, so the steps compare.
+The default (every drawn row takes Adam's step with no 1/p rescaling, max_inv_p=1, drawn anew before every update)
+keeps each sampled row no larger than a kept one and the whole step within GaLore's, at its scale (0.25) and at the
+paper's (1.0). Every arm runs at the same lr, so the steps compare.
 """
 
 from __future__ import annotations
@@ -22,8 +22,18 @@ SIGMA = [1.0, 0.8, 0.6] + [0.01 * (1 - i / 200) for i in range(61)]  # r* = 3 at
 PAPER = {"sampled_step": "adaptive", "max_inv_p": None, "row_bias_correction": False, "resample_every": 0}
 
 
+def _true_inv_p(projector) -> torch.Tensor:
+    """Each basis row's 1/p before any cap: from the refresh's pool when rows are drawn from one (the row is the pool
+    vector it equals), else the projector's own 1/p (no cap in the arms that have no pool)."""
+    if projector.pool is None:
+        return projector.inv_p if projector.inv_p is not None else torch.ones(K)
+    (factor,) = projector.factors.values()
+    match = (projector.pool.vectors.T @ factor).abs().argmax(dim=0)
+    return 1.0 / projector.pool.p[match].to(factor.dtype)
+
+
 def _run(cls, grad, **options):
-    """Per update: (‖ΔW‖, per-row step norms, 1/p) of one interval on the constant gradient `grad`."""
+    """Per update: (‖ΔW‖, per-row step norms, uncapped 1/p) of one interval on the constant gradient `grad`."""
     weight = nn.Parameter(torch.zeros(M, N))
     optimizer = cls([{"params": [weight], "rank": K, "update_proj_gap": STEPS}], lr=1e-3, **options)
     rows = []
@@ -31,8 +41,8 @@ def _run(cls, grad, **options):
     def observe(param, projector, update, state, refreshed):
         (mode,) = projector.factors
         assert mode == 0  # std projection of a wide matrix: the left side, rows of Pᵀ G
-        inv_p = projector.inv_p if projector.inv_p is not None else torch.ones(K)
-        rows.append((update.direction.norm(dim=1) * abs(update.step_size) * inv_p, inv_p))
+        applied = projector.inv_p if projector.inv_p is not None else torch.ones(K)  # the 1/p D⁻¹ multiplies by
+        rows.append((update.direction.norm(dim=1) * abs(update.step_size) * applied, _true_inv_p(projector)))
 
     optimizer.step_observers.append(observe)
     steps = []
@@ -71,5 +81,5 @@ def test_the_paper_step_is_many_times_galores_and_the_default_stays_within_it(ru
 def test_under_the_default_no_sampled_row_moves_further_than_a_kept_row(runs, arm):
     _, rows = runs[arm]
     for norms, inv_p in rows:
-        assert (inv_p > 1).any()
-        assert norms[inv_p > 1].max() <= norms[inv_p == 1].min()
+        assert (inv_p > 1).any()  # drawn rows are there, and none moves further than a kept one (to rounding)
+        assert norms[inv_p > 1].max() <= norms[inv_p == 1].min() * (1 + 1e-4)

@@ -163,7 +163,8 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
-    paper = {"sampled_step": "adaptive", "row_bias_correction": False, "resample_every": 0}  # runs before those keys
+    # the values of the runs written before those keys
+    paper = {"sampled_step": "adaptive", "max_inv_p": None, "row_bias_correction": False, "resample_every": 0}
     optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=GAP, lr=1e-2, **paper)
     for _ in range(SAVE_AFTER):
         _step(model, optimizer, generator)

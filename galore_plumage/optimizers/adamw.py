@@ -97,12 +97,14 @@ class GaLoreAdamW(LowRankOptimizer):
 
 
 class PlumageAdamW(LowRankOptimizer):
-    """AdamW on PLUMAGE's sampled projection, moments realigned (M and V) at every refresh.
+    """AdamW on PLUMAGE's sampled projection, moments realigned (M and V) at every refresh and every draw.
 
-    Defaults: the fair protocol's choice (docs/results.md §3): sampled rows moved by their own gradient at the kept
-    rows' step size (sampled_step="norm_matched"), drawn anew from the refresh's top 2r vectors before every update
-    (resample_every=1), GaLore's recipe scale=0.25, and lr=3e-3 (its best on llama_tiny). The paper's exact
-    estimator: sampled_step="adaptive", resample_every=0 (its documented setting also has scale=1.0 and lr=1e-3)."""
+    Defaults: the setting the fair protocols chose (docs/results.md §3): the r directions are drawn anew before
+    every update from the refresh's top 2r singular vectors with PLUMAGE's min-variance probabilities
+    (resample_every=1), every drawn row takes Adam's step with no 1/p rescaling (max_inv_p=1: biased, GaLore's
+    step size on a randomly completed basis), GaLore's recipe scale=0.25 and lr=3e-3 (its best on llama_tiny).
+    The paper's exact estimator: max_inv_p=None, resample_every=0 (its documented setting also has scale=1.0 and
+    lr=1e-3)."""
 
     backend = AdamWBackend()
     class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAM_RECIPE}

@@ -118,11 +118,10 @@ OPTIONS: tuple[Option, ...] = (
            ("qr", None), to_projector=True, choices=SOLVERS),
     Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
            "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", check_max_inv_p,
-           (0.5, -1.0, math.nan, True, "3"), to_projector=True, parse=parse_cap, applies=_needs_rescaling),
+           (0.5, -1.0, math.nan, True, "3"), plumage=1.0, to_projector=True, parse=parse_cap, applies=_needs_rescaling),
     Option("sampled_step", "adaptive", "plumage: how sampled (p < 1) rows move: 'adaptive' (the paper: the backend's "
            "normalized step, then 1/p) or 'norm_matched' (their own gradient at the kept rows' step size)",
-           _check_choice("sampled_step", SAMPLED_STEPS), ("fira", None, 1), plumage="norm_matched",
-           choices=SAMPLED_STEPS),
+           _check_choice("sampled_step", SAMPLED_STEPS), ("fira", None, 1), choices=SAMPLED_STEPS),
     Option("resample_every", 0, "plumage: draw the sampled rows again every this many updates from the refresh's "
            "top 2·rank singular vectors, moving the moments along (the paper's κ); 0 = only at a refresh",
            check_resample_every, (-1, 1.5, True, "2", None), plumage=1, to_projector=True, parse=int,

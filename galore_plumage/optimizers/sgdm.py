@@ -41,4 +41,5 @@ class PlumageSGDM(LowRankOptimizer):
 
     backend = SGDMomentumBackend()
     # SGD momentum does not normalize before D⁻¹, so the paper's step is not amplified: it keeps the paper's estimator
-    class_defaults = {**PLUMAGE_DEFAULTS, "realign": "m", "sampled_step": "adaptive", "resample_every": 0}
+    class_defaults = {**PLUMAGE_DEFAULTS, "realign": "m", "sampled_step": "adaptive", "resample_every": 0,
+                      "max_inv_p": None}
