@@ -34,12 +34,16 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     "adamw": ["--optimizer", "adamw"],
     "galore": ["--optimizer", "galore_adamw"],
     "flora": ["--optimizer", "flora_adamw"],
-    "plumage": ["--optimizer", "plumage_adamw"],
-    "plumage max_inv_p=3": ["--optimizer", "plumage_adamw", "--max_inv_p", "3"],
-    # the paper's exact estimator, named in full so the arm does not move with the defaults ("plumage" is the default)
+    # every PLUMAGE arm names its options in full, so that no arm moves when a default changes (a finished run is
+    # reused by its command: an arm with no flags would silently stand for whichever default it ran under)
+    "plumage max_inv_p=3": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "3",
+                            "--resample_every", "0"],
     "plumage paper": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "none",
                       "--no-row_bias_correction", "--resample_every", "0"],
-    # a lead for fine-tuning (session 6): every drawn row takes Adam's step, none amplified by 1/p, drawn anew each update
+    # the default of session 6: sampled rows moved by their own gradient at the kept rows' step size, drawn each update
+    "plumage nm resample": ["--optimizer", "plumage_adamw", "--sampled_step", "norm_matched", "--max_inv_p", "none",
+                            "--resample_every", "1"],
+    # the default since session 7: every drawn row takes Adam's step, none amplified by 1/p, drawn anew each update
     "plumage cap1 resample": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
                               "--resample_every", "1"],
     "lora": ["--peft", "lora", "--lora_alpha", "16"],

@@ -28,36 +28,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from plot_runs import load_run, plot_losses  # noqa: E402
+from plumage_flags import plumage_flags  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
 from galore_plumage.training.metrics import perplexity  # noqa: E402
 
 # label -> (optimizer name, extra flags). Adafactor gets beta1 0.9 so it has a first moment to realign like the others.
+# The PLUMAGE arms are the paper's estimator (the default when this table was made), named in full by plumage_flags
+# so that an arm does not move when a default changes.
+PAPER = plumage_flags()
 MAIN = {
     "adamw": ("adamw", []),
     "galore_adamw": ("galore_adamw", []),
-    "plumage_adamw realign=none": ("plumage_adamw", ["--realign", "none"]),
-    "plumage_adamw realign=m": ("plumage_adamw", ["--realign", "m"]),
-    "plumage_adamw realign=mv": ("plumage_adamw", []),
-    "plumage_adamw realign=mv adaptive": ("plumage_adamw", ["--adaptive_interval"]),
+    "plumage_adamw realign=none": ("plumage_adamw", ["--realign", "none", *PAPER]),
+    "plumage_adamw realign=m": ("plumage_adamw", ["--realign", "m", *PAPER]),
+    "plumage_adamw realign=mv": ("plumage_adamw", PAPER),
+    "plumage_adamw realign=mv adaptive": ("plumage_adamw", ["--adaptive_interval", *PAPER]),
     # PLUMAGE with each 1/p capped (biased, bounded steps); 1 = the sampled basis without rescaling
-    "plumage_adamw max_inv_p=1": ("plumage_adamw", ["--max_inv_p", "1"]),
-    "plumage_adamw max_inv_p=3": ("plumage_adamw", ["--max_inv_p", "3"]),
-    "plumage_adamw max_inv_p=10": ("plumage_adamw", ["--max_inv_p", "10"]),
+    "plumage_adamw max_inv_p=1": ("plumage_adamw", plumage_flags(max_inv_p=1)),
+    "plumage_adamw max_inv_p=3": ("plumage_adamw", plumage_flags(max_inv_p=3)),
+    "plumage_adamw max_inv_p=10": ("plumage_adamw", plumage_flags(max_inv_p=10)),
     "flora_adamw": ("flora_adamw", []),
     "galore_adamw8bit": ("galore_adamw8bit", []),
-    "plumage_adamw8bit": ("plumage_adamw8bit", []),
+    "plumage_adamw8bit": ("plumage_adamw8bit", PAPER),
     "galore_adafactor": ("galore_adafactor", ["--beta1", "0.9"]),
-    "plumage_adafactor": ("plumage_adafactor", ["--beta1", "0.9"]),
-    "plumage_adafactor max_inv_p=3": ("plumage_adafactor", ["--beta1", "0.9", "--max_inv_p", "3"]),
+    "plumage_adafactor": ("plumage_adafactor", ["--beta1", "0.9", *PAPER]),
+    "plumage_adafactor max_inv_p=3": ("plumage_adafactor", ["--beta1", "0.9", *plumage_flags(max_inv_p=3)]),
 }
 SGDM = {  # --beta1 is SGD's momentum in GaLore's script
     "sgdm": ("sgdm", ["--beta1", "0.9"]),
     "galore_sgdm": ("galore_sgdm", ["--beta1", "0.9"]),
-    "plumage_sgdm realign=m": ("plumage_sgdm", ["--beta1", "0.9"]),
-    "plumage_sgdm realign=m max_inv_p=1": ("plumage_sgdm", ["--beta1", "0.9", "--max_inv_p", "1"]),
-    "plumage_sgdm realign=m max_inv_p=3": ("plumage_sgdm", ["--beta1", "0.9", "--max_inv_p", "3"]),
-    "plumage_sgdm realign=m max_inv_p=10": ("plumage_sgdm", ["--beta1", "0.9", "--max_inv_p", "10"]),
+    "plumage_sgdm realign=m": ("plumage_sgdm", ["--beta1", "0.9", *PAPER]),
+    "plumage_sgdm realign=m max_inv_p=1": ("plumage_sgdm", ["--beta1", "0.9", *plumage_flags(max_inv_p=1)]),
+    "plumage_sgdm realign=m max_inv_p=3": ("plumage_sgdm", ["--beta1", "0.9", *plumage_flags(max_inv_p=3)]),
+    "plumage_sgdm realign=m max_inv_p=10": ("plumage_sgdm", ["--beta1", "0.9", *plumage_flags(max_inv_p=10)]),
 }
 TABLES = {"main": MAIN, "sgdm": SGDM}
 # closure of which arm is measured against which GaLore arm (same backend) and the full-rank AdamW reference

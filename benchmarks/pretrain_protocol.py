@@ -54,7 +54,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "plumage_nm_resample": ("plumage_adamw", ["--galore_scale", "0.25",
                                               *plumage_flags(sampled_step="norm_matched", resample_every=1)], (1e-3, 3e-3, 1e-2)),
     # κ = 1 with Adam's step on every drawn row: uncapped (the paper's estimator on the 2r pool), and capped at 1
-    # (no row amplified: GaLore's step on a randomly completed basis), the lead from fine-tuning
+    # (no row amplified: GaLore's step on a randomly completed basis), the default since session 7
     "plumage_adaptive_resample": ("plumage_adamw", ["--galore_scale", "0.25", *plumage_flags(resample_every=1)],
                                   (3e-3, 1e-2, 1e-3)),
     "plumage_cap1_resample": ("plumage_adamw", ["--galore_scale", "0.25",
