@@ -153,3 +153,16 @@ def test_a_second_run_or_a_resume_with_other_flags_is_refused_and_changes_nothin
     err = capsys.readouterr().err
     assert named in err, err
     assert _digests(straight) == before
+
+
+def test_a_diverged_run_ends_with_one_line(flags, tmp_path, monkeypatch, capsys):
+    """A non-finite loss (FloatingPointError) used to end in a traceback; now one line names the update, and no
+    half-written checkpoint is left."""
+    for var in DIST_VARS:
+        monkeypatch.delenv(var, raising=False)
+    save_dir = tmp_path / "wild"
+    code = torchrun_main.main(flags + ["--save_dir", str(save_dir), "--lr", "1e6"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("torchrun_main.py: error: non-finite training loss at update ") and err.count("\n") == 1, err
+    assert _hidden(save_dir) == []
