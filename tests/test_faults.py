@@ -10,7 +10,6 @@ runs compute alike, on the micro Llama and a synthetic corpus.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import signal
 import subprocess
@@ -21,18 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import DIST_VARS, REPO, read_metrics, tiny_run_flags, write_corpus
+from train_helpers import DIST_VARS, REPO, read_metrics, subprocess_env, tiny_run_flags, write_corpus
 
 import torchrun_main
 
 UPDATES = 10
 RUN_TIMEOUT_S = 240
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith("TORCHELASTIC_")}
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +45,8 @@ def flags(tmp_path_factory):
 
 def _launch(flags: list[str], save_dir: Path, *extra: str, kill_in_save: int | None = None) -> subprocess.Popen:
     script = [str(REPO / "tests" / "kill_during_save.py"), str(kill_in_save)] if kill_in_save else ["torchrun_main.py"]
-    return subprocess.Popen([sys.executable, *script, *flags, "--save_dir", str(save_dir), *extra], cwd=REPO, env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, *script, *flags, "--save_dir", str(save_dir), *extra], cwd=REPO,
+                            env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _finish(process: subprocess.Popen) -> tuple[int, str]:

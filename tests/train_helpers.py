@@ -44,11 +44,18 @@ def tiny_run_flags(root: Path, dataset: Path, updates: int) -> list[str]:
             "--eval_tokens", "256", "--warmup_steps", "0", "--num_training_steps", str(updates), "--lr", "3e-3"]
 
 
-def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
-    """`python -m torch.distributed.run --standalone --nproc_per_node <nproc> torchrun_main.py <args>` from the repo
-    root, with no rank variables inherited from whatever launched pytest."""
+def subprocess_env() -> dict[str, str]:
+    """The environment of a training subprocess: no rank variables inherited from whatever launched pytest, one
+    thread (so two runs of the same job compute alike), unbuffered output."""
     env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith("TORCHELASTIC_")}
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    return env
+
+
+def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --standalone --nproc_per_node <nproc> torchrun_main.py <args>` from the repo
+    root, in subprocess_env()."""
+    env = subprocess_env()
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "torchrun_main.py", *args]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S)

@@ -18,7 +18,7 @@ from ..optimizers import build_optimizer, describe_routing
 from ..optimizers.layerwise import inner_optimizer
 from ..optimizers.memory import state_bytes
 from ..training.loop import seed_everything
-from ..training.metrics import MetricsLog, Progress, projector_records
+from ..training.metrics import METRICS_FILE, MetricsLog, Progress, projector_records
 from ..training.schedule import step_scheduler
 from .config import FinetuneConfig
 from .model import apply_lora, load_classifier, target_modules
@@ -80,8 +80,8 @@ def run(config: FinetuneConfig):
     from transformers import get_scheduler
 
     output_dir = Path(config.output_dir)
-    if (output_dir / "metrics.jsonl").exists():
-        raise FileExistsError(f"{output_dir / 'metrics.jsonl'} exists: pick another --output_dir or delete that folder")
+    if (output_dir / METRICS_FILE).exists():
+        raise FileExistsError(f"{output_dir / METRICS_FILE} exists: pick another --output_dir or delete that folder")
     start = time.perf_counter()
     task = load_task(config.task_name, config.data_dir, config.max_train_samples, config.max_eval_samples)
     seed_everything(config.seed)

@@ -27,6 +27,7 @@ import torch
 TRAINER_FILE = "trainer.pt"
 LATEST = "latest"
 MANIFEST = "manifest.json"
+SUMMARY_FILE = "training_state.json"  # the update, tokens and the run's flags, readable without torch
 CHECKPOINT_NAME = re.compile(r"model_(\d+)")
 
 
@@ -70,8 +71,18 @@ def save_checkpoint(save_dir: str | Path, step: int, model, trainer_state: dict,
     hf_logging.disable_progress_bar()  # its per-shard bar would break our own progress line
     model.save_pretrained(temp, safe_serialization=True)
     torch.save(trainer_state, temp / TRAINER_FILE)
-    (temp / "training_state.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_summary(temp, summary)
     return publish(save_dir, temp, step)
+
+
+def write_summary(folder: Path, summary: dict) -> None:
+    (folder / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def saved_config(folder: Path) -> dict | None:
+    """The flags of the run that wrote the checkpoint (None for one written before they were recorded)."""
+    path = folder / SUMMARY_FILE
+    return json.loads(path.read_text()).get("config") if path.is_file() else None
 
 
 def _sha256(path: Path) -> str:
@@ -138,11 +149,11 @@ def checkpoints_newest_first(save_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
     print(f"WARNING: {message}", file=sys.stderr)
 
 
-def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] = _warn) -> Path:
+def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] = warn) -> Path:
     """The checkpoint to resume: `path` itself if it is a checkpoint folder (verified, refused if it fails), or
     the newest verified model_<step> of a save_dir, with a warning for each newer one skipped and for a
     `latest` that names another."""
@@ -150,12 +161,13 @@ def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] = _warn) ->
     if (path / TRAINER_FILE).is_file() or (path / MANIFEST).is_file():
         verify_checkpoint(path)
         return path
-    if not path.is_dir() or not ((path / LATEST).is_file() or checkpoints_newest_first(path)):
+    candidates = checkpoints_newest_first(path) if path.is_dir() else []
+    if not path.is_dir() or not ((path / LATEST).is_file() or candidates):
         raise FileNotFoundError(f"--continue_from {str(path)!r} is neither a checkpoint folder (with {TRAINER_FILE}) "
                                 f"nor a save_dir with a '{LATEST}' file")
     latest = (path / LATEST).read_text().strip() if (path / LATEST).is_file() else None
     problems = []
-    for folder in checkpoints_newest_first(path):
+    for folder in candidates:
         try:
             verify_checkpoint(folder)
         except CheckpointError as error:

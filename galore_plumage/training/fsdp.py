@@ -7,7 +7,6 @@ shard-local and a refresh all-reduces one n × n Gram matrix, so the full gradie
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -26,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import fully_shard
 
 from ..optimizers.layerwise import inner_optimizer
-from .checkpoint import TRAINER_FILE, CheckpointError, publish, read_trainer_state
+from .checkpoint import TRAINER_FILE, CheckpointError, publish, read_trainer_state, write_summary
 
 
 def shard_model(model: nn.Module) -> nn.Module:
@@ -108,7 +107,7 @@ def save_sharded_checkpoint(save_dir: str | Path, step: int, model: nn.Module, o
     if is_main:
         torch.save(trainer_state, temp / TRAINER_FILE)
         model.config.to_json_file(temp / "config.json")
-        (temp / "training_state.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_summary(temp, summary)
         final = publish(save_dir, temp, step)
     dist.barrier()
     return final

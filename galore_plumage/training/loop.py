@@ -10,9 +10,7 @@ and RNG, so a resumed run continues bit for bit on CPU.
 from __future__ import annotations
 
 import contextlib
-import json
 import random
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,7 +22,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..optimizers import build_optimizer, describe_routing, optimizer_spec
 from ..optimizers.layerwise import inner_optimizer
-from .checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import (
+    load_checkpoint,
+    resolve_checkpoint,
+    rng_state,
+    save_checkpoint,
+    saved_config,
+    set_rng_state,
+    warn,
+)
 from .config import TrainConfig, resume_conflicts
 from .data import Batches
 from .distributed import Dist, all_reduce_sum, barrier, gather_floats
@@ -85,18 +91,13 @@ def evaluate(model, batches: list[torch.Tensor], context: Dist, autocast) -> tup
     return loss_sum / count, int(count)
 
 
-def _warn(message: str) -> None:
-    print(f"WARNING: {message}", file=sys.stderr)
-
-
 def find_resume(config: TrainConfig, main: bool) -> Path | None:
     """The checkpoint to resume (None for a new run), found before any data is read; one written by a run with
     other flags is refused, naming each."""
     if config.continue_from is None:
         return None
-    folder = resolve_checkpoint(config.continue_from, warn=_warn if main else lambda _: None)
-    state_file = folder / "training_state.json"  # its "config" is the run that wrote it (absent before session 7)
-    saved = json.loads(state_file.read_text()).get("config") if state_file.is_file() else None
+    folder = resolve_checkpoint(config.continue_from, warn=warn if main else lambda _: None)
+    saved = saved_config(folder)
     if conflicts := resume_conflicts(saved, config) if saved else []:
         raise ValueError(f"--continue_from {config.continue_from!r}: {folder.name} was written by a run with other "
                          f"flags: {'; '.join(conflicts)}. Give the checkpoint's values (or drop those flags), or start "
@@ -111,7 +112,7 @@ def claim_save_dir(config: TrainConfig) -> None:
     if config.overwrite and (removed := clear_run(save_dir)):
         print(f"--overwrite: deleted {', '.join(removed)} from {save_dir}")
     if stale := remove_stale_temps(save_dir):
-        _warn(f"removed {', '.join(stale)} from {save_dir}: left by a save that was killed")
+        warn(f"removed {', '.join(stale)} from {save_dir}: left by a save that was killed")
 
 
 def load_data(config: TrainConfig, context: Dist) -> Batches:

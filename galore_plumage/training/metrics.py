@@ -11,12 +11,14 @@ from tqdm import tqdm
 
 from ..optimizers.layerwise import inner_optimizer
 
+METRICS_FILE = "metrics.jsonl"
+
 
 class MetricsLog:
     """Appends records to `<save_dir>/metrics.jsonl` on rank 0 (a resumed run continues the same file)."""
 
     def __init__(self, save_dir: str | Path, enabled: bool):
-        self.path = Path(save_dir) / "metrics.jsonl"
+        self.path = Path(save_dir) / METRICS_FILE
         self.enabled = enabled
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)

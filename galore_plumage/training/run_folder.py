@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 
 from .checkpoint import CHECKPOINT_NAME, LATEST
+from .metrics import METRICS_FILE
 
-METRICS_FILE = "metrics.jsonl"
 TEMP_NAME = re.compile(r"\.(model_\d+|latest|metrics\.jsonl)\.(tmp|old)-(\d+|fsdp)")
 
 
