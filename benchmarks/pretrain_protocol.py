@@ -59,6 +59,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                   (3e-3, 1e-2, 1e-3)),
     "plumage_cap1_resample": ("plumage_adamw", ["--galore_scale", "0.25",
                                                 *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3, 1e-2, 1e-3)),
+    # the default with a longer κ: a drawn row keeps its moments for κ updates before the next draw (probed at the
+    # default's lr first; a grid is widened only for an arm that comes close)
+    "plumage_cap1_kappa4": ("plumage_adamw", ["--galore_scale", "0.25",
+                                              *plumage_flags(max_inv_p=1, resample_every=4)], (3e-3,)),
+    "plumage_cap1_kappa10": ("plumage_adamw", ["--galore_scale", "0.25",
+                                               *plumage_flags(max_inv_p=1, resample_every=10)], (3e-3,)),
 }
 REFERENCE = "galore_recipe"
 
