@@ -28,6 +28,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "sampled_step": (["--sampled_step", "norm_matched"], "norm_matched"),
     "row_bias_correction": (["--row_bias_correction"], True),
     "resample_every": (["--resample_every", "5"], 5),
+    "align_signs": (["--align_signs"], True),
 }
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..projectors.checks import SOLVERS, check_max_inv_p, check_resample_every, check_solver
+from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_resample_every, check_solver
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
@@ -28,13 +28,6 @@ SAME = object()  # Option.plumage: plumage_* uses `default`
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_bool(key: str) -> Callable[[Any], None]:
-    def check(value):
-        if not isinstance(value, bool):
-            raise ValueError(f"{key} must be True or False, got {value!r}")
-    return check
 
 
 def _check_choice(key: str, choices: tuple[str, ...]) -> Callable[[Any], None]:
@@ -68,6 +61,12 @@ def _needs_rescaling(backend: str, projector_cls) -> str | None:
 def _needs_sampling(backend: str, projector_cls) -> str | None:
     if not projector_cls.rescales:
         return f"it draws PLUMAGE's sample again, but projector {projector_cls.name!r} does not sample"
+    return None
+
+
+def _needs_singular_vectors(backend: str, projector_cls) -> str | None:
+    if not projector_cls.signed:
+        return f"it fixes the signs of singular vectors, but projector {projector_cls.name!r} does not use any"
     return None
 
 
@@ -108,11 +107,11 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("adaptive_interval", False, "adapt each weight's refresh interval to how fast its subspace moves (the "
-           "paper's S/MP/A)", _check_bool("adaptive_interval"), ("yes", 1), to_projector=True),
+           "paper's S/MP/A)", check_bool("adaptive_interval"), ("yes", 1), to_projector=True),
     Option("tau_max", None, "longest adaptive interval (None: 4 x update_proj_gap)", _check_tau_max, (0, 2.5, "800"),
            to_projector=True, parse=int),
     Option("stagger", False, "spread the first refreshes over the interval so the SVDs do not all land on one step",
-           _check_bool("stagger"), ("no", 0)),
+           check_bool("stagger"), ("no", 0)),
     Option("solver", "svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, galore-torch's "
            "call) or 'gram' (eigh of the smaller Gram matrix: faster)", check_solver,
            ("qr", None), to_projector=True, choices=SOLVERS),
@@ -126,8 +125,12 @@ OPTIONS: tuple[Option, ...] = (
            "top 2·rank singular vectors, moving the moments along (the paper's κ); 0 = only at a refresh",
            check_resample_every, (-1, 1.5, True, "2", None), plumage=1, to_projector=True, parse=int,
            applies=_needs_sampling),
+    Option("align_signs", False, "svd/plumage/tucker: give each new singular vector the sign that agrees with the "
+           "previous basis, so moments kept across a refresh (GaLore's) keep their direction and the run is the same "
+           "on every device and LAPACK; off = galore-torch's bases exactly", check_bool("align_signs"),
+           ("yes", 1, None), to_projector=True, applies=_needs_singular_vectors),
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
-           "at a refresh starts at Adam's step size", _check_bool("row_bias_correction"), ("yes", 1, None),
+           "at a refresh starts at Adam's step size", check_bool("row_bias_correction"), ("yes", 1, None),
            applies=_needs_adamw),
 )
 BY_KEY = {option.key: option for option in OPTIONS}

@@ -21,8 +21,9 @@ from typing import ClassVar
 
 import torch
 
-from .checks import check_max_inv_p, check_resample_every, check_solver
+from .checks import check_bool, check_max_inv_p, check_resample_every, check_solver
 from .interval import mean_principal_cosine, next_interval
+from .signs import aligned_signs
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
 DEFAULT_TAU_MAX_FACTOR = 4  # tau_max defaults to 4 × update_proj_gap when adaptive_interval is on
@@ -107,6 +108,7 @@ class Projector:
     stores_factors: ClassVar[bool] = True  # False: factors are regenerated from the seed on load
     from_spectrum: ClassVar[bool] = False  # True: a basis is made from singular values/vectors alone (sharded refresh)
     rescales: ClassVar[bool] = False  # True: project_back applies 1/p of sampled directions (max_inv_p may cap it)
+    signed: ClassVar[bool] = False  # True: bases are singular vectors, each defined up to its sign (align_signs)
 
     def __init__(
         self,
@@ -121,6 +123,7 @@ class Projector:
         solver: str = "svd",
         max_inv_p: float | None = None,
         resample_every: int = 0,
+        align_signs: bool = False,
     ):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
@@ -142,6 +145,10 @@ class Projector:
         if resample_every and not self.rescales:
             raise ValueError(f"resample_every={resample_every!r} draws PLUMAGE's sample again, but projector "
                              f"{self.name!r} does not sample; use projector='plumage' or leave resample_every at 0")
+        check_bool("align_signs")(align_signs)
+        if align_signs and not self.signed:
+            raise ValueError(f"align_signs=True fixes the signs of singular vectors, but projector {self.name!r} "
+                             "does not use any; leave align_signs unset")
         tau_max = DEFAULT_TAU_MAX_FACTOR * update_proj_gap if tau_max is None else tau_max
         if isinstance(tau_max, bool) or not isinstance(tau_max, int) or tau_max < update_proj_gap:
             raise ValueError(f"tau_max must be an integer >= update_proj_gap={update_proj_gap}, got {tau_max!r}")
@@ -153,6 +160,7 @@ class Projector:
         self.solver = solver
         self.max_inv_p = None if max_inv_p is None or max_inv_p == math.inf else float(max_inv_p)  # inf: no cap
         self.resample_every = resample_every
+        self.align_signs = align_signs
         self.pool: Pool | None = None
         self.draws = 0  # resamples since the last refresh
         self.next_resample = 0
@@ -222,6 +230,8 @@ class Projector:
             self.shape, self._rank_per_mode = shape, ranks
 
         old = self.factors
+        if self.align_signs:
+            basis.factors = {k: aligned_signs(f, old.get(k)) for k, f in basis.factors.items()}
         self.transition = None
         if old:
             self.transition = _transition(basis.factors, old)

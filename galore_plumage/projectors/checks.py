@@ -1,8 +1,11 @@
 """The checks of the projector options that the optimizers' options table also declares (max_inv_p, resample_every,
-solver): written once here, where the projector needs them, and imported by optimizers/options.py as each
+solver, the true/false ones): written once here, where the projector needs them, and imported by optimizers/options.py as each
 option's check, so a message never differs between `build_projector(...)` and `--flag`."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 # how SVD-based projectors get singular vectors: "svd" = torch.linalg.svd (galore-torch's call, bit-exact parity);
 # "gram" = eigh of the projected side's Gram matrix when that side is the smaller one (several times faster)
@@ -22,3 +25,11 @@ def check_resample_every(value) -> None:
 def check_solver(value) -> None:
     if value not in SOLVERS:
         raise ValueError(f"unknown solver {value!r}; choose one of {', '.join(SOLVERS)}")
+
+
+def check_bool(key: str) -> Callable[[Any], None]:
+    """The check of a true/false option named `key` (1, "yes" and None are refused: a flag is a bool)."""
+    def check(value):
+        if not isinstance(value, bool):
+            raise ValueError(f"{key} must be True or False, got {value!r}")
+    return check

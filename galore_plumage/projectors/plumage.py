@@ -33,6 +33,7 @@ class PlumageProjector(Projector):
     proj_types = ("std", "reverse_std", "left", "right")  # one-sided: the estimator samples one side's vectors
     unbiased = True  # with max_inv_p unset
     from_spectrum = True
+    signed = True
     rescales = True
 
     def _new_basis(self, grad, ranks, generator):

@@ -103,6 +103,7 @@ class SVDProjector(Projector):
     name = "svd"
     description = "GaLore: top-r singular vectors of the gradient (biased, deterministic)"
     from_spectrum = True
+    signed = True
 
     def _new_basis(self, grad, ranks, generator):
         decomposition = decompose(grad, tuple(ranks), self.solver)

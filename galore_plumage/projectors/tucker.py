@@ -20,6 +20,7 @@ class TuckerProjector(Projector):
     description = "GaLore tensor projector: Tucker factors of every mode larger than the rank (biased)"
     proj_types = PROJ_TYPES[:1]  # every mode larger than the rank is projected; proj_type has no say
     tensors = True
+    signed = True
 
     def _ranks(self, shape):
         ranks = {mode: self.rank for mode, size in enumerate(shape) if self.rank < size}

@@ -1,46 +1,58 @@
 """CUDA checks: the same optimizer on CUDA and CPU follows the same path (skipped without a GPU).
 
-Run on a GPU machine with `python -m pytest tests/gpu -q`. Bases are drawn on the CPU from the same
-generator, so CPU and CUDA runs sample the same directions; what differs is only float rounding of the
-SVD and matmuls, so the weights agree to a loose float32 tolerance.
+Run on a GPU machine with `python -m pytest tests/gpu -q`. Bases are drawn on the CPU from the same generator, so
+both devices sample the same directions. What is compared, and why each tolerance holds when the devices differ
+only in rounding, is in tests/device_helpers.py; tests/test_device_tolerance.py checks those tolerances on the CPU.
+Before session 8 this compared weights with rtol 1e-3 on Gaussian gradients: GaLoreAdamW failed on SVD signs
+(tests/test_align_signs.py) and PlumageAdamW8bit on bitsandbytes' CPU rounding, neither a GPU fault.
 """
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from galore_plumage import GaLoreAdamW, PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from device_helpers import (  # noqa: E402
+    EIGHT_BIT_CASES,
+    EIGHT_BIT_RTOL,
+    FP32_CASES,
+    FP32_RTOL,
+    cuda_rounding_on_cpu,
+    relative_difference,
+    update_after,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-CLASSES = [
-    (GaLoreAdamW, {"lr": 1e-3}),
-    (PlumageAdamW, {"lr": 1e-3}),
-    (PlumageAdamW8bit, {"lr": 1e-3}),
-    (PlumageAdafactor, {"lr": 1e-3, "relative_step": False}),
-]
+
+def _ids(case):
+    if isinstance(case, dict):
+        return ",".join(f"{k}={v}" for k, v in case.items()) or "default"
+    return getattr(case, "__name__", str(case))
 
 
-def _run(cls, options, device, dtype=torch.float32, steps=6):
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.nn.Parameter(torch.randn(256, 128, generator=generator).to(device, dtype))
-    optimizer = cls([{"params": [weight], "rank": 32, "update_proj_gap": 3}], weight_decay=0.01, **options)
-    for _ in range(steps):
-        weight.grad = torch.randn(256, 128, generator=generator).to(device, dtype)
-        optimizer.step()
-    return weight.detach().float().cpu(), optimizer
+@pytest.mark.parametrize("cls, group, steps", FP32_CASES, ids=_ids)
+def test_cuda_matches_cpu(cls, group, steps):
+    on_cpu, _ = update_after(cls, group, steps, "cpu")
+    on_cuda, _ = update_after(cls, group, steps, "cuda")
+    assert relative_difference(on_cuda, on_cpu) < FP32_RTOL
 
 
-@pytest.mark.parametrize("cls,options", CLASSES, ids=lambda c: getattr(c, "__name__", ""))
-def test_cuda_matches_cpu(cls, options):
-    on_cpu, _ = _run(cls, options, "cpu")
-    on_cuda, _ = _run(cls, options, "cuda")
-    assert torch.allclose(on_cpu, on_cuda, rtol=1e-3, atol=1e-4), (on_cpu - on_cuda).abs().max()
+@pytest.mark.parametrize("cls8, cls32, group", EIGHT_BIT_CASES, ids=_ids)
+def test_cuda_8bit_matches_cpu_rounded_as_cuda_rounds(cls8, cls32, group):
+    with cuda_rounding_on_cpu():
+        on_cpu, _ = update_after(cls8, group, 6, "cpu")
+    on_cuda, _ = update_after(cls8, group, 6, "cuda")
+    assert relative_difference(on_cuda, on_cpu) < EIGHT_BIT_RTOL
 
 
-@pytest.mark.parametrize("cls,options", CLASSES, ids=lambda c: getattr(c, "__name__", ""))
-def test_bf16_weights_keep_fp32_low_rank_state(cls, options):
-    weight, optimizer = _run(cls, options, "cuda", dtype=torch.bfloat16)
-    assert torch.isfinite(weight).all()
+@pytest.mark.parametrize("cls, group, steps", FP32_CASES[:3] + [(case[0], case[2], 6) for case in EIGHT_BIT_CASES[:1]],
+                         ids=_ids)
+def test_bf16_weights_keep_fp32_low_rank_state(cls, group, steps):
+    update, optimizer = update_after(cls, group, steps, "cuda", dtype=torch.bfloat16)
+    assert torch.isfinite(update).all()
     state = next(iter(optimizer.state.values()))
     for factor in state["projector"]["factors"].values():
         assert factor.dtype == torch.float32

@@ -1,0 +1,115 @@
+"""What tests/gpu/test_cuda_optimizers.py compares between CPU and CUDA, and the tolerances it uses, shared with
+the CPU test that justifies them (tests/test_device_tolerance.py).
+
+Two devices differ in float rounding (SVD routine, matmul order), so a comparison between them is defined only
+where rounding cannot change the result by more than it does in a CPU run perturbed at that level:
+- the gradients have a separated spectrum (σ_k = 10 · 0.93^k): with the dense spectrum of a Gaussian matrix, a
+  rounding-level difference rotates neighbouring singular vectors into each other, and either basis is right;
+- the update Δw = w − w₀ is compared, relative to its own size (an rtol on w itself compares the weights' scale);
+- GaLore's default keeps moments across a refresh while a singular vector's sign is arbitrary: it is compared
+  within one refresh interval, and over several with align_signs (tests/test_align_signs.py);
+- 8-bit states: bitsandbytes rounds each state to the nearest code on CUDA, while its CPU build (0.50) looks the
+  code up in a table too coarse for the small values of its dynamic code: a second moment below ~1e-5 of its
+  block's largest is stored as 1.6e-5 of it. That, not the GPU, moved PLUMAGE's 8-bit run by 5e-4 on the H100
+  (the small second moments are the sampled rows'). The CPU reference therefore runs with bitsandbytes'
+  quantizer swapped for the nearest-code rounding CUDA does (cuda_rounding_on_cpu); what is left is a state
+  element moving to the neighbouring code when rounding puts it near a midpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from galore_plumage import GaLoreAdamW, GaLoreAdamW8bit, PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit
+
+SHAPE, RANK, GAP = (256, 128), 32, 3
+FP32_RTOL = 1e-3  # CPU: a 1e-5 relative perturbation of every gradient moves these updates by at most 4e-4
+EIGHT_BIT_RTOL = 5e-3  # CPU, nearest-code rounding: a 1e-5 perturbation moves these updates by at most 2e-3
+
+FP32_CASES = [  # (class, group options, updates): what both devices compute the same way
+    (PlumageAdamW, {}, 6),
+    (PlumageAdamW, {"max_inv_p": None, "resample_every": 0}, 6),  # the paper's estimator
+    (PlumageAdafactor, {}, 6),
+    (GaLoreAdamW, {"align_signs": True}, 6),
+    (GaLoreAdamW, {}, GAP),  # galore-torch's bases: one interval, before any moment crosses a refresh
+]
+EIGHT_BIT_CASES = [  # (8-bit class, its fp32 twin, group options)
+    (PlumageAdamW8bit, PlumageAdamW, {}),
+    (PlumageAdamW8bit, PlumageAdamW, {"max_inv_p": None, "resample_every": 0}),
+    (GaLoreAdamW8bit, GaLoreAdamW, {"align_signs": True}),
+]
+
+
+def separated_gradients(generator: torch.Generator, steps: int):
+    """Gradients with singular values 10 · 0.93^k (7 % apart) and fresh random singular vectors each step."""
+    m, n = SHAPE
+    sigma = 10 * 0.93 ** torch.arange(n, dtype=torch.float32)
+    for _ in range(steps):
+        u = torch.linalg.qr(torch.randn(m, n, generator=generator))[0]
+        v = torch.linalg.qr(torch.randn(n, n, generator=generator))[0]
+        yield (u * sigma) @ v.T
+
+
+def update_after(cls, group: dict, steps: int, device: str = "cpu", dtype=torch.float32,
+                 perturbation: float = 0.0) -> tuple[torch.Tensor, torch.optim.Optimizer]:
+    """Δw after `steps` updates of a 256 × 128 weight (rank 32, refresh every 3), as float32 on the CPU.
+
+    perturbation: every gradient is multiplied by (1 + perturbation · N(0, 1)), a stand-in for another device's
+    rounding. Gradients are drawn on the CPU from one seed, so every device sees the same ones."""
+    generator, noise = torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)
+    start = torch.randn(SHAPE, generator=generator)
+    weight = torch.nn.Parameter(start.to(device, dtype, copy=True))
+    options = {"relative_step": False} if cls is PlumageAdafactor else {}
+    optimizer = cls([{"params": [weight], "rank": RANK, "update_proj_gap": GAP, **group}], lr=1e-3,
+                    weight_decay=0.01, **options)
+    for grad in separated_gradients(generator, steps):
+        if perturbation:
+            grad = grad * (1 + perturbation * torch.randn(SHAPE, generator=noise))
+        weight.grad = grad.to(device, dtype)
+        optimizer.step()
+    return weight.detach().float().cpu() - start, optimizer
+
+
+def relative_difference(update: torch.Tensor, reference: torch.Tensor) -> float:
+    return (update - reference).norm().item() / reference.norm().item()
+
+
+def nearest_code_quantize(A: torch.Tensor, code: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """bitsandbytes' blockwise quantization as its CUDA kernels do it: each value / its block's absmax to the
+    nearest code (the code is sorted). Same signature as torch.ops.bitsandbytes.quantize_blockwise."""
+    flat = A.reshape(-1).float()
+    pad = -flat.numel() % blocksize
+    absmax = torch.nn.functional.pad(flat.abs(), (0, pad)).view(-1, blocksize).amax(1)
+    scaled = flat / absmax.clamp_min(1e-38).repeat_interleave(blocksize)[: flat.numel()]
+    above = torch.bucketize(scaled, code).clamp(max=len(code) - 1)
+    below = (above - 1).clamp(min=0)
+    nearest = torch.where((code[above] - scaled).abs() < (scaled - code[below]).abs(), above, below)
+    return nearest.to(torch.uint8).view(A.shape), absmax
+
+
+class _NearestCodeOp:
+    """Stands in for torch.ops.bitsandbytes.quantize_blockwise (called directly and through `.default`)."""
+
+    def __call__(self, A, code, blocksize):
+        return nearest_code_quantize(A, code, blocksize)
+
+    @property
+    def default(self):
+        return self
+
+
+@contextlib.contextmanager
+def cuda_rounding_on_cpu():
+    """bitsandbytes on the CPU, rounding its 8-bit states as its CUDA kernels do (both the optimizer step's
+    requantization and quantize_blockwise go through this one op)."""
+    import bitsandbytes  # noqa: F401 - registers torch.ops.bitsandbytes
+
+    namespace = torch.ops.bitsandbytes
+    real = namespace.quantize_blockwise
+    namespace.quantize_blockwise = _NearestCodeOp()
+    try:
+        yield
+    finally:
+        namespace.quantize_blockwise = real
