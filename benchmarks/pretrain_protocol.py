@@ -65,6 +65,11 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                               *plumage_flags(max_inv_p=1, resample_every=4)], (3e-3,)),
     "plumage_cap1_kappa10": ("plumage_adamw", ["--galore_scale", "0.25",
                                                *plumage_flags(max_inv_p=1, resample_every=10)], (3e-3,)),
+    # the default drawing from a wider pool (3r, 4r singular vectors kept per weight): more directions visited
+    "plumage_cap1_pool3": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_factor", "3",
+                                             *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
+    "plumage_cap1_pool4": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_factor", "4",
+                                             *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
 }
 REFERENCE = "galore_recipe"
 

@@ -29,6 +29,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "row_bias_correction": (["--row_bias_correction"], True),
     "resample_every": (["--resample_every", "5"], 5),
     "align_signs": (["--align_signs"], True),
+    "pool_factor": (["--pool_factor", "3"], 3),
 }
 
 

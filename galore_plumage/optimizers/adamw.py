@@ -100,7 +100,7 @@ class PlumageAdamW(LowRankOptimizer):
     """AdamW on PLUMAGE's sampled projection, moments realigned (M and V) at every refresh and every draw.
 
     Defaults: the setting the fair protocols chose (docs/results.md §3): the r directions are drawn anew before
-    every update from the refresh's top 2r singular vectors with PLUMAGE's min-variance probabilities
+    every update from the refresh's top 2r singular vectors (pool_factor=2) with PLUMAGE's min-variance probabilities
     (resample_every=1), every drawn row takes Adam's step with no 1/p rescaling (max_inv_p=1: biased, GaLore's
     step size on a randomly completed basis), GaLore's recipe scale=0.25 and lr=3e-3 (its best on llama_tiny).
     The paper's exact estimator: max_inv_p=None, resample_every=0 (its documented setting also has scale=1.0 and

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_resample_every, check_solver
+from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
@@ -122,9 +122,12 @@ OPTIONS: tuple[Option, ...] = (
            "normalized step, then 1/p) or 'norm_matched' (their own gradient at the kept rows' step size)",
            _check_choice("sampled_step", SAMPLED_STEPS), ("fira", None, 1), choices=SAMPLED_STEPS),
     Option("resample_every", 0, "plumage: draw the sampled rows again every this many updates from the refresh's "
-           "top 2·rank singular vectors, moving the moments along (the paper's κ); 0 = only at a refresh",
+           "top pool_factor·rank singular vectors, moving the moments along (the paper's κ); 0 = only at a refresh",
            check_resample_every, (-1, 1.5, True, "2", None), plumage=1, to_projector=True, parse=int,
            applies=_needs_sampling),
+    Option("pool_factor", 2, "plumage with resample_every > 0: the pool a refresh keeps for the draws holds the top "
+           "pool_factor x rank singular vectors (dim x pool_factor*rank floats per weight)", check_pool_factor,
+           (1, 2.5, True, "3", None), to_projector=True, parse=int, applies=_needs_sampling),
     Option("align_signs", False, "svd/plumage/tucker: give each new singular vector the sign that agrees with the "
            "previous basis, so moments kept across a refresh (GaLore's) keep their direction and the run is the same "
            "on every device and LAPACK; off = galore-torch's bases exactly", check_bool("align_signs"),

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from .checks import check_bool, check_max_inv_p, check_resample_every, check_solver
+from .checks import check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
 from .interval import mean_principal_cosine, next_interval
 from .signs import aligned_signs
 
@@ -123,6 +123,7 @@ class Projector:
         solver: str = "svd",
         max_inv_p: float | None = None,
         resample_every: int = 0,
+        pool_factor: int = 2,
         align_signs: bool = False,
     ):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
@@ -145,6 +146,7 @@ class Projector:
         if resample_every and not self.rescales:
             raise ValueError(f"resample_every={resample_every!r} draws PLUMAGE's sample again, but projector "
                              f"{self.name!r} does not sample; use projector='plumage' or leave resample_every at 0")
+        check_pool_factor(pool_factor)
         check_bool("align_signs")(align_signs)
         if align_signs and not self.signed:
             raise ValueError(f"align_signs=True fixes the signs of singular vectors, but projector {self.name!r} "
@@ -159,7 +161,7 @@ class Projector:
         self.tau = update_proj_gap
         self.solver = solver
         self.max_inv_p = None if max_inv_p is None or max_inv_p == math.inf else float(max_inv_p)  # inf: no cap
-        self.resample_every = resample_every
+        self.resample_every, self.pool_factor = resample_every, pool_factor
         self.align_signs = align_signs
         self.pool: Pool | None = None
         self.draws = 0  # resamples since the last refresh

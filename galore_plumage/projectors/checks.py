@@ -1,5 +1,5 @@
 """The checks of the projector options that the optimizers' options table also declares (max_inv_p, resample_every,
-solver, the true/false ones): written once here, where the projector needs them, and imported by optimizers/options.py as each
+solver, pool_factor, the true/false ones): written once here, where the projector needs them, and imported by optimizers/options.py as each
 option's check, so a message never differs between `build_projector(...)` and `--flag`."""
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ def check_max_inv_p(value) -> None:
 def check_resample_every(value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"resample_every must be an integer >= 0 (0: draw only at a refresh), got {value!r}")
+
+
+def check_pool_factor(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise ValueError(f"pool_factor must be an integer >= 2 (the pool holds pool_factor x rank singular vectors), "
+                         f"got {value!r}")
 
 
 def check_solver(value) -> None:

@@ -10,7 +10,8 @@ times. Why one would: an adaptive backend (Adam, Adafactor) normalizes every low
 D⁻¹, so a direction sampled with p = 1e-4 moves 1e4 times as far as a kept one although its gradient is tiny
 (docs/results.md, "Capping 1/p").
 
-`resample_every` = κ > 0 (the paper's κ) keeps the top K = 2r singular vectors of a refresh as a pool and draws the r
+`resample_every` = κ > 0 (the paper's κ) keeps the top K = pool_factor · r (default 2r) singular vectors of a refresh as
+a pool and draws the r
 directions again from it every κ updates (Projector.resample; the optimizer carries the moments along), so a tail
 direction is not followed for a whole refresh interval. p is then the min-variance one for σ[:K]: each draw is
 unbiased for G's rank-K truncation, and the pool's p (K values) and vectors (dim × K) are saved with the projector.
@@ -23,8 +24,6 @@ import torch
 from .base import Basis, Pool, Projector
 from .sampling import inclusion_probabilities, systematic_sample
 from .svd import decompose
-
-POOL_FACTOR = 2  # resample_every > 0: a refresh keeps the top 2·rank singular vectors as the candidates of its draws
 
 
 class PlumageProjector(Projector):
@@ -46,7 +45,7 @@ class PlumageProjector(Projector):
         if self.resample_every:
             # later draws choose among the top K vectors only, so this refresh's p is the min-variance one for
             # σ[:K]: the estimate is unbiased for G's rank-K truncation (the tail past K is not in the pool)
-            sigma = sigma[: min(sigma.numel(), POOL_FACTOR * rank)]
+            sigma = sigma[: min(sigma.numel(), self.pool_factor * rank)]
         r_star, p = inclusion_probabilities(sigma, rank)
         chosen = systematic_sample(p, rank, generator)
         chosen_p = p[chosen]
