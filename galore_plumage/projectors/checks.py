@@ -1,6 +1,7 @@
 """The checks of the projector options that the optimizers' options table also declares (max_inv_p, resample_every,
-solver, pool_factor, the true/false ones): written once here, where the projector needs them, and imported by optimizers/options.py as each
-option's check, so a message never differs between `build_projector(...)` and `--flag`."""
+solver, pool_factor, the true/false ones): written once here, where the projector needs them, and imported by
+optimizers/options.py as each option's check, so a message never differs between `build_projector(...)` and
+`--flag`."""
 
 from __future__ import annotations
 
