@@ -15,6 +15,8 @@ from torch import nn
 
 from galore_plumage import PlumageAdamW
 from galore_plumage.projectors import PlumageProjector, SVDProjector, inclusion_probabilities
+from galore_plumage.projectors.base import refresh_generator
+from galore_plumage.projectors.sampling import systematic_sample
 
 M, N_COLS, K = 24, 16, 4
 SIGMA = [1.0 / i for i in range(1, N_COLS + 1)]  # r* = 1 at k = 4; the pool is the top 8 of 16
@@ -41,7 +43,7 @@ def test_draws_are_unbiased_for_the_pool_truncation_with_the_closed_form_spread(
 
     projector = _refreshed(g, side, pool_factor=pool_factor)
     assert projector.pool.vectors.shape[1] == pool
-    torch.testing.assert_close(projector.pool.p, p)
+    torch.testing.assert_close(projector.pool.canonical(), p)
     estimates = []
     for step in range(1, N_DRAWS + 1):
         projector.resample(step)
@@ -134,3 +136,61 @@ def test_the_optimizer_carries_the_moments_to_each_draw():
                                    atol=1e-7)
         moved += not torch.equal(state["exp_avg"], updated["m"])
     assert moved >= 3 and projector.stats["resamples"] == 6
+
+
+def _shares_storage(projector) -> bool:
+    (factor,) = projector.factors.values()
+    return factor.untyped_storage().data_ptr() == projector.pool.vectors.untyped_storage().data_ptr()
+
+
+def test_the_basis_is_a_view_of_the_pool_and_costs_no_memory(spectral_matrix, tmp_path):
+    g, *_ = spectral_matrix(M, N_COLS, SIGMA, seed=4)
+    projector = _refreshed(g)
+    for step in range(1, 6):
+        assert _shares_storage(projector)
+        projector.resample(step)
+    path = tmp_path / "projector.pt"
+    torch.save(projector.state_dict(), path)
+    loaded = PlumageProjector(K, update_proj_gap=10_000, seed=3, resample_every=1)
+    loaded.load_state_dict(torch.load(path, weights_only=True))
+    assert _shares_storage(loaded)
+    copied = tmp_path / "copied.pt"
+    state = projector.state_dict()
+    torch.save({**state, "factors": {k: f.clone() for k, f in state["factors"].items()}}, copied)
+    (factor,) = projector.factors.values()
+    assert path.stat().st_size < copied.stat().st_size - factor.nbytes // 2  # the basis is not saved twice (zip records pad)
+
+
+def test_draws_follow_the_seeded_stream_in_descending_sigma_order(spectral_matrix):
+    """Storing the pool with the drawn vectors first does not change which vectors are drawn: draw d chooses
+    systematic_sample(p in descending-σ order, r, refresh_generator(seed, index, refresh, d)), as before session 8."""
+    g, u, sigma, v = spectral_matrix(M, N_COLS, SIGMA, seed=5)
+    projector = _refreshed(g)
+    canonical_vectors = v[:, : 2 * K]  # the right side's top 2K singular vectors, up to sign
+    p = projector.pool.canonical()
+    for draw in range(1, 8):
+        projector.resample(draw)
+        expected = systematic_sample(p, K, refresh_generator(3, 0, 0, draw))
+        (factor,) = projector.factors.values()
+        overlap = (canonical_vectors.T.to(factor) @ factor).abs()
+        assert torch.equal(overlap.argmax(dim=0), expected)
+
+
+def test_a_checkpoint_with_a_copied_basis_resumes_the_same(spectral_matrix):
+    """Before session 8 the basis was saved as its own copy and the pool in descending-σ order without `order`."""
+    g, *_ = spectral_matrix(M, N_COLS, SIGMA, seed=6)
+    projector = _refreshed(g)
+    projector.resample(1)
+    state = projector.state_dict()
+    canonical = torch.argsort(state["pool"]["order"])  # stored column of each descending-σ index
+    (mode, factor), = state["factors"].items()
+    old_format = {**state, "factors": {mode: factor.clone()},
+                  "pool": {key: value for key, value in state["pool"].items() if key != "order"}}
+    old_format["pool"].update(vectors=state["pool"]["vectors"][:, canonical].clone(), p=state["pool"]["p"][canonical])
+    twins = [PlumageProjector(K, update_proj_gap=10_000, seed=3, resample_every=1) for _ in range(2)]
+    for twin, saved in zip(twins, (state, old_format), strict=True):
+        twin.load_state_dict(saved)
+        assert _shares_storage(twin)
+        twin.resample(2)
+    assert torch.equal(twins[0].factors[mode], twins[1].factors[mode])
+    assert torch.equal(twins[0].inv_p, twins[1].inv_p)

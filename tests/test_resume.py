@@ -153,7 +153,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
         "name", "rank", "proj_type", "scale", "seed", "index", "tau", "refresh_count", "next_refresh", "shape",
         "rank_per_mode", "stats", "dtype", "factors", "inv_p", "pool",
     }
-    assert set(state["projector"]["pool"]) == {"vectors", "p", "draws", "next_resample"}  # resample_every (default 1)
+    assert set(state["projector"]["pool"]) == {"vectors", "p", "order", "draws", "next_resample"}  # resample_every (default 1)
     assert state["projector"]["name"] == "plumage" and set(state["projector"]["factors"]) == {0}
     assert state["exp_avg"].shape == state["exp_avg_sq"].shape == (4, 24)  # attn: 16 × 24, std → left, rank 4
 

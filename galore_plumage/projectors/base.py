@@ -44,10 +44,34 @@ class Basis:
 @dataclass
 class Pool:
     """The candidates of a refresh that later draws choose from: the top K singular vectors of one side
-    (dim × K) and their inclusion probabilities (K, float64 on the CPU, Σp = rank)."""
+    (dim × K) and their inclusion probabilities (K, float64 on the CPU, Σp = rank).
+
+    Stored with the current draw's r vectors first, so the basis is the view vectors[:, :r] and costs no memory of
+    its own; `order` gives each stored column's place in the descending-σ order the draws are made in."""
 
     vectors: torch.Tensor
     p: torch.Tensor
+    order: torch.Tensor | None = None  # None: stored in descending-σ order (checkpoints before session 8)
+
+    def canonical(self) -> torch.Tensor:
+        """p in descending-σ order."""
+        if self.order is None:
+            return self.p
+        p = torch.empty_like(self.p)
+        p[self.order] = self.p
+        return p
+
+    def arranged(self, chosen: torch.Tensor) -> tuple[Pool, torch.Tensor]:
+        """This pool stored with the `chosen` vectors (descending-σ indices) first, and those vectors as a view."""
+        order = self.order if self.order is not None else torch.arange(self.p.numel())
+        stored_at = torch.empty_like(order)
+        stored_at[order] = torch.arange(order.numel())
+        rest = torch.ones(order.numel(), dtype=torch.bool)
+        rest[chosen] = False
+        new_order = torch.cat([chosen, rest.nonzero().flatten()])
+        columns = stored_at[new_order]
+        pool = Pool(self.vectors[:, columns.to(self.vectors.device)], self.p[columns], new_order)
+        return pool, pool.vectors[:, : chosen.numel()]
 
 
 def projected_modes(shape: torch.Size | tuple[int, ...], proj_type: str) -> tuple[int, ...]:
@@ -261,13 +285,13 @@ class Projector:
         generator = refresh_generator(self.seed, self.index, self.refresh_count - 1, self.draws)
         old = self.factors
         ((mode, rank),) = self._rank_per_mode.items()
-        self.factors, self.inv_p = self._draw(self.pool, generator, mode, rank)
+        self.factors, self.inv_p, self.pool = self._draw(self.pool, generator, mode, rank)
         self.transition = _transition(self.factors, old)
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 
     def _draw(self, pool: Pool, generator: torch.Generator, mode: int,
-              rank: int) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+              rank: int) -> tuple[dict[int, torch.Tensor], torch.Tensor, Pool]:
         raise NotImplementedError(f"projector {self.name!r} does not resample")
 
     # ----------------------------------------------------------------- the maps
@@ -325,8 +349,8 @@ class Projector:
         if self.inv_p is not None:
             state["inv_p"] = self.inv_p
         if self.pool is not None:
-            state["pool"] = {"vectors": self.pool.vectors, "p": self.pool.p, "draws": self.draws,
-                             "next_resample": self.next_resample}
+            state["pool"] = {"vectors": self.pool.vectors, "p": self.pool.p, "order": self.pool.order,
+                             "draws": self.draws, "next_resample": self.next_resample}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -344,7 +368,9 @@ class Projector:
             self.factors = self._regenerate(getattr(torch, state["dtype"]))
         self.inv_p = state.get("inv_p")
         pool = state.get("pool")
-        self.pool = Pool(pool["vectors"], pool["p"]) if pool is not None else None
+        self.pool = Pool(pool["vectors"], pool["p"], pool.get("order")) if pool is not None else None
+        if self.pool is not None:
+            self._share_pool_storage()
         self.draws, self.next_resample = (pool["draws"], pool["next_resample"]) if pool is not None else (0, 0)
         self.transition = None
 
@@ -362,10 +388,25 @@ class Projector:
 
     def _follow_device(self, device: torch.device) -> None:
         if self.factors and next(iter(self.factors.values())).device != device:
-            self.factors = {k: f.to(device) for k, f in self.factors.items()}
             self.inv_p = self.inv_p.to(device) if self.inv_p is not None else None
             if self.pool is not None:
-                self.pool = Pool(self.pool.vectors.to(device), self.pool.p)
+                self.pool = Pool(self.pool.vectors.to(device), self.pool.p, self.pool.order)
+                ((mode, factor),) = self.factors.items()
+                self.factors = {mode: self.pool.vectors[:, : factor.shape[1]]}  # still a view of the pool
+            else:
+                self.factors = {k: f.to(device) for k, f in self.factors.items()}
+
+    def _share_pool_storage(self) -> None:
+        """Make the basis a view of the pool's first columns (after a load: an older checkpoint kept the basis as a
+        copy and the pool in descending-σ order; its columns are found in the pool, exactly)."""
+        ((mode, factor),) = self.factors.items()
+        pool = self.pool.vectors
+        if factor.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr():
+            return
+        chosen = (pool.T @ factor.to(pool)).abs().argmax(dim=0).cpu()
+        order = self.pool.order if self.pool.order is not None else torch.arange(self.pool.p.numel())
+        self.pool, view = self.pool.arranged(order[chosen])
+        self.factors = {mode: view}
 
     def _check_shape(self, grad: torch.Tensor) -> None:
         if grad.dim() < 2 or (grad.dim() > 2 and not self.tensors):

@@ -51,8 +51,7 @@ class PlumageProjector(Projector):
         chosen_p = p[chosen]
         pool = None
         if self.resample_every:  # kept even when every slot is (no draw then): a checkpoint's layout stays fixed
-            pool = Pool(decomposition.factor(mode, slice(0, sigma.numel())), p)
-            factor = pool.vectors[:, chosen.to(sigma.device)].clone()
+            pool, factor = Pool(decomposition.factor(mode, slice(0, sigma.numel())), p).arranged(chosen)
         else:
             factor = decomposition.factor(mode, chosen.to(sigma.device))
         inv_p = self._inv_p(chosen_p, sigma)
@@ -63,10 +62,12 @@ class PlumageProjector(Projector):
         return Basis({mode: factor}, inv_p=inv_p, stats=stats, pool=pool)
 
     def _draw(self, pool, generator, mode, rank):
-        """`rank` of the pool's vectors drawn with its probabilities (side `mode`), and their 1/p (capped)."""
-        chosen = systematic_sample(pool.p, rank, generator)
-        factor = pool.vectors[:, chosen.to(pool.vectors.device)].clone()
-        return {mode: factor}, self._inv_p(pool.p[chosen], pool.vectors)
+        """`rank` of the pool's vectors drawn with its probabilities (side `mode`), their 1/p (capped), and the pool
+        stored with them first (the basis is a view of it)."""
+        p = pool.canonical()
+        chosen = systematic_sample(p, rank, generator)
+        pool, factor = pool.arranged(chosen)
+        return {mode: factor}, self._inv_p(p[chosen], pool.vectors), pool
 
     def _inv_p(self, chosen_p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         inv_p = 1.0 / chosen_p
