@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,11 +98,11 @@ def state_of_one(optimizer: str, name: str, shape: tuple[int, ...], rank: int, d
     for param in module.parameters():
         param.grad = torch.randn(param.shape, dtype=torch.float32).to(dtype)
     inner = inner_optimizer(built)
-    if inner is not built:  # per-layer: the hook steps; here the same step by hand
-        inner.step()
-    else:
-        built.step()
-    return state_bytes(inner.state)[0]
+    inner.step()  # per-layer optimizers step inside hooks; here the same step by hand
+    counted = state_bytes(inner.state)[0]
+    del module, built, inner
+    gc.collect()  # optimizer and module hold each other: free a 7B weight now, not at the next collection
+    return counted
 
 
 def _saved_bytes(config: LlamaConfig, layers: int, batch: int, seq: int, dtype: torch.dtype) -> int:
@@ -123,7 +124,8 @@ def _saved_bytes(config: LlamaConfig, layers: int, batch: int, seq: int, dtype: 
         loss = model(input_ids=tokens, labels=tokens).loss  # kept: its graph holds every saved tensor alive
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = sum(size for pointer, size in storages.items() if pointer not in params)
-    del loss
+    del loss, model
+    gc.collect()
     return saved
 
 
@@ -247,11 +249,12 @@ def fits(sizes: list[str], rows, vocab: int | None, dtype: torch.dtype) -> list[
     """Per budget and optimizer: the largest size whose step fits with checkpointing, and its largest batch."""
     lines = ["", "## What fits (activation checkpointing on; the model's peak, not counting the allocator's slack)", "",
              "| optimizer | " + " | ".join(f"{b} GiB" for b in BUDGETS_GIB) + " |", "|---|" + "---|" * len(BUDGETS_GIB)]
+    ascending = sorted(sizes, key=lambda size: terms(size, "adamw", vocab, 1, dtype, True).weights)
     for optimizer, options in rows:
         cells = []
         for budget in BUDGETS_GIB:
             best = "—"
-            for size in sizes:
+            for size in ascending:
                 fitting = [b for b in BATCHES
                            if terms(size, optimizer, vocab, b, dtype, True, options).peak <= budget * GIB]
                 if fitting:
