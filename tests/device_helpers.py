@@ -72,6 +72,13 @@ def update_after(cls, group: dict, steps: int, device: str = "cpu", dtype=torch.
     return weight.detach().float().cpu() - start, optimizer
 
 
+def case_id(case) -> str:
+    """pytest id of a parameter of FP32_CASES / EIGHT_BIT_CASES: a class name, the group options, or the value."""
+    if isinstance(case, dict):
+        return ",".join(f"{k}={v}" for k, v in case.items()) or "default"
+    return getattr(case, "__name__", str(case))
+
+
 def relative_difference(update: torch.Tensor, reference: torch.Tensor) -> float:
     return (update - reference).norm().item() / reference.norm().item()
 

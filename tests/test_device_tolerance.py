@@ -16,6 +16,7 @@ from device_helpers import (
     EIGHT_BIT_RTOL,
     FP32_CASES,
     FP32_RTOL,
+    case_id,
     cuda_rounding_on_cpu,
     nearest_code_quantize,
     relative_difference,
@@ -25,13 +26,8 @@ from device_helpers import (
 PERTURBATIONS = (1e-7, 1e-6, 1e-5)
 
 
-def _ids(case):
-    if isinstance(case, dict):
-        return ",".join(f"{k}={v}" for k, v in case.items()) or "default"
-    return getattr(case, "__name__", str(case))
 
-
-@pytest.mark.parametrize("cls, group, steps", FP32_CASES, ids=_ids)
+@pytest.mark.parametrize("cls, group, steps", FP32_CASES, ids=case_id)
 def test_fp32_updates_move_less_than_the_tolerance_under_rounding(cls, group, steps):
     reference, _ = update_after(cls, group, steps)
     for epsilon in PERTURBATIONS:
@@ -46,7 +42,7 @@ def test_the_fp32_tolerance_sees_a_different_computation():
     assert relative_difference(other_lr, reference) > 5 * FP32_RTOL
 
 
-@pytest.mark.parametrize("cls8, cls32, group", EIGHT_BIT_CASES, ids=_ids)
+@pytest.mark.parametrize("cls8, cls32, group", EIGHT_BIT_CASES, ids=case_id)
 def test_eight_bit_updates_move_less_than_the_tolerance_under_rounding(cls8, cls32, group):
     with cuda_rounding_on_cpu():
         reference, _ = update_after(cls8, group, 6)

@@ -19,6 +19,7 @@ from device_helpers import (  # noqa: E402
     EIGHT_BIT_RTOL,
     FP32_CASES,
     FP32_RTOL,
+    case_id,
     cuda_rounding_on_cpu,
     relative_difference,
     update_after,
@@ -27,20 +28,15 @@ from device_helpers import (  # noqa: E402
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _ids(case):
-    if isinstance(case, dict):
-        return ",".join(f"{k}={v}" for k, v in case.items()) or "default"
-    return getattr(case, "__name__", str(case))
 
-
-@pytest.mark.parametrize("cls, group, steps", FP32_CASES, ids=_ids)
+@pytest.mark.parametrize("cls, group, steps", FP32_CASES, ids=case_id)
 def test_cuda_matches_cpu(cls, group, steps):
     on_cpu, _ = update_after(cls, group, steps, "cpu")
     on_cuda, _ = update_after(cls, group, steps, "cuda")
     assert relative_difference(on_cuda, on_cpu) < FP32_RTOL
 
 
-@pytest.mark.parametrize("cls8, cls32, group", EIGHT_BIT_CASES, ids=_ids)
+@pytest.mark.parametrize("cls8, cls32, group", EIGHT_BIT_CASES, ids=case_id)
 def test_cuda_8bit_matches_cpu_rounded_as_cuda_rounds(cls8, cls32, group):
     with cuda_rounding_on_cpu():
         on_cpu, _ = update_after(cls8, group, 6, "cpu")
@@ -49,7 +45,7 @@ def test_cuda_8bit_matches_cpu_rounded_as_cuda_rounds(cls8, cls32, group):
 
 
 @pytest.mark.parametrize("cls, group, steps", FP32_CASES[:3] + [(case[0], case[2], 6) for case in EIGHT_BIT_CASES[:1]],
-                         ids=_ids)
+                         ids=case_id)
 def test_bf16_weights_keep_fp32_low_rank_state(cls, group, steps):
     update, optimizer = update_after(cls, group, steps, "cuda", dtype=torch.bfloat16)
     assert torch.isfinite(update).all()
