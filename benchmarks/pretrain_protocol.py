@@ -42,6 +42,8 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "adamw": ("adamw", [], (3e-4, 1e-3, 3e-3, 1e-2)),
     # GaLore's published recipe: scale 0.25 on the projected update, the one lr on every group
     "galore_recipe": ("galore_adamw", ["--galore_scale", "0.25"], (1e-3, 3e-3, 1e-2, 3e-2)),
+    # ... with each new singular vector's sign agreeing with the previous basis (its kept moments keep their direction)
+    "galore_recipe_aligned": ("galore_adamw", ["--galore_scale", "0.25", "--align_signs"], (3e-3,)),
     "plumage_paper": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER], (1e-4, 3e-4, 1e-3)),
     # the remedies, one at a time on the paper's estimator (scale 1, as the paper documents it)
     "plumage_cap3": ("plumage_adamw", ["--galore_scale", "1.0", *plumage_flags(max_inv_p=3)], LRS),
