@@ -37,7 +37,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from galore_plumage.optimizers import build_optimizer  # noqa: E402
+from galore_plumage.optimizers import build_optimizer, optimizer_spec  # noqa: E402
 from galore_plumage.optimizers.layerwise import inner_optimizer  # noqa: E402
 from galore_plumage.optimizers.memory import state_bytes  # noqa: E402
 
@@ -155,10 +155,11 @@ def terms(size: str, optimizer: str, vocab: int | None, batch: int, dtype: torch
     width = torch.finfo(dtype).bits // 8
     shapes = weight_shapes(config)
     numel = {shape: int(torch.Size(shape).numel()) for _, shape, _ in shapes}
-    per_layer = optimizer.endswith("_per_layer")
-    low_rank = not optimizer.startswith(("adamw", "adam8", "adafactor", "sgd"))
+    spec = optimizer_spec(optimizer)
+    per_layer = spec.per_layer
+    from_svd = spec.projector in ("svd", "plumage")  # FLORA's random bases need no SVD
     # the solver does not change the state, and eigh is several times faster than an SVD on the CPU
-    solver = {"solver": "gram"} if low_rank and not optimizer.startswith("flora") else {}
+    solver = {"solver": "gram"} if from_svd else {}
     options_key = tuple(sorted({**solver, **(options or {})}.items()))
     return Terms(
         weights=sum(width * numel[shape] * count for _, shape, count in shapes),
@@ -167,7 +168,7 @@ def terms(size: str, optimizer: str, vocab: int | None, batch: int, dtype: torch
         state=sum(state_of_one(optimizer, name, shape, rank, dtype, options_key) * count
                   for name, shape, count in shapes),
         activations=activations_at(size, vocab, batch, dtype, checkpointing),
-        refresh=refresh_bytes(config) if optimizer.startswith(("galore", "plumage")) else 0,  # FLORA: no SVD
+        refresh=refresh_bytes(config) if from_svd else 0,
         per_layer=per_layer,
     )
 

@@ -51,19 +51,21 @@ class Pool:
 
     vectors: torch.Tensor
     p: torch.Tensor
-    order: torch.Tensor | None = None  # None: stored in descending-σ order (checkpoints before session 8)
+    order: torch.Tensor | None = None  # None (a new pool, or a checkpoint before session 8): descending-σ order
+
+    def __post_init__(self):
+        if self.order is None:
+            self.order = torch.arange(self.p.numel())
 
     def canonical(self) -> torch.Tensor:
         """p in descending-σ order."""
-        if self.order is None:
-            return self.p
         p = torch.empty_like(self.p)
         p[self.order] = self.p
         return p
 
     def arranged(self, chosen: torch.Tensor) -> tuple[Pool, torch.Tensor]:
         """This pool stored with the `chosen` vectors (descending-σ indices) first, and those vectors as a view."""
-        order = self.order if self.order is not None else torch.arange(self.p.numel())
+        order = self.order
         stored_at = torch.empty_like(order)
         stored_at[order] = torch.arange(order.numel())
         rest = torch.ones(order.numel(), dtype=torch.bool)
@@ -404,8 +406,7 @@ class Projector:
         if factor.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr():
             return
         chosen = (pool.T @ factor.to(pool)).abs().argmax(dim=0).cpu()
-        order = self.pool.order if self.pool.order is not None else torch.arange(self.pool.p.numel())
-        self.pool, view = self.pool.arranged(order[chosen])
+        self.pool, view = self.pool.arranged(self.pool.order[chosen])
         self.factors = {mode: view}
 
     def _check_shape(self, grad: torch.Tensor) -> None:
