@@ -26,7 +26,7 @@ import torch
 
 from galore_plumage.projectors import build_projector, inclusion_probabilities, projected_modes
 from galore_plumage.projectors.diagnostics import closed_form_error, monte_carlo, projected_side
-from galore_plumage.projectors.svd import decompose
+from galore_plumage.projectors.spectrum import decompose
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECTORS = ("svd", "random", "plumage")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from train_helpers import DIST_VARS, REPO
 
-from galore_plumage.projectors.svd import eigh_gram
+from galore_plumage.projectors.spectrum import eigh_gram
 
 TIMEOUT_S = 240
 WORLD = 2

@@ -2,7 +2,8 @@
 
 It must give the same singular values and (up to sign) the same top singular vectors as torch.linalg.svd on
 a spectrum with gaps, take the eigh route only when the projected side is the smaller one, and keep PLUMAGE
-unbiased with the closed-form variance — by Monte Carlo, with the tolerances of test_plumage_estimator.py.
+unbiased with the closed-form variance — by Monte Carlo, with the tolerances of test_plumage_estimator.py. The
+same eigh builds a basis from a Gram matrix alone (Projector.refresh_from_gram), which is how FSDP2 refreshes.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import pytest
 import torch
 
 from galore_plumage import build_optimizer
-from galore_plumage.projectors import PlumageProjector, SVDProjector, inclusion_probabilities
-from galore_plumage.projectors import svd as svd_module
-from galore_plumage.projectors.svd import decompose, gram_eigh
+from galore_plumage.projectors import PlumageProjector, SVDProjector, build_projector, inclusion_probabilities
+from galore_plumage.projectors import spectrum as spectrum_module
+from galore_plumage.projectors.spectrum import decompose, gram_eigh
 
 SIGMA = [1.0 / i for i in range(1, 17)]  # distinct, gapped: vectors are defined up to sign
 K, DRAWS = 4, 600
@@ -37,9 +38,9 @@ def test_gram_route_only_for_a_single_smaller_side(spectral_matrix, monkeypatch)
     """The larger side, or both sides ('full'), would need the big Gram matrix: those fall back to the SVD."""
     g, *_ = spectral_matrix(16, 40, SIGMA, seed=0, dtype=torch.float32)
     calls = []
-    real_svd, real_gram = svd_module.thin_svd, svd_module.gram_eigh
-    monkeypatch.setattr(svd_module, "thin_svd", lambda m: calls.append("svd") or real_svd(m))
-    monkeypatch.setattr(svd_module, "gram_eigh", lambda m, k: calls.append("gram") or real_gram(m, k))
+    real_svd, real_gram = spectrum_module.thin_svd, spectrum_module.gram_eigh
+    monkeypatch.setattr(spectrum_module, "thin_svd", lambda m: calls.append("svd") or real_svd(m))
+    monkeypatch.setattr(spectrum_module, "gram_eigh", lambda m, k: calls.append("gram") or real_gram(m, k))
     for modes, expected in [((0,), "gram"), ((1,), "svd"), ((0, 1), "svd")]:
         calls.clear()
         decompose(g, modes, "gram")
@@ -85,3 +86,47 @@ def test_solver_reaches_the_projectors_and_bad_values_are_named():
     assert projector.solver == "gram" and projector.ready
     with pytest.raises(ValueError, match="'qr'"):
         build_optimizer("plumage_adamw", model, lr=1e-3, rank=4, solver="qr")
+
+
+# ----------------------------------------------------------------- Projector.refresh_from_gram (FSDP2's refresh)
+def test_refresh_from_gram_gives_the_basis_of_the_gradient(spectral_matrix):
+    """What a sharded weight's ranks build from the all-reduced Gᵀ G is the right-side basis of G itself."""
+    g, _, _, v = spectral_matrix(40, 16, SIGMA, seed=5, dtype=torch.float32)
+    from_gradient = SVDProjector(4, proj_type="right", solver="gram")
+    from_gram = SVDProjector(4, proj_type="right")
+    assert from_gradient.refresh(g, 0)
+    assert from_gram.refresh_from_gram(g.T @ g, tuple(g.shape), 0, torch.float32)
+    cosines = (from_gram.factors[1].double() * v[:, :4]).sum(0).abs()
+    torch.testing.assert_close(cosines, torch.ones(4, dtype=torch.float64), rtol=0, atol=1e-4)
+    torch.testing.assert_close(from_gram.project(g).abs(), from_gradient.project(g).abs(), rtol=1e-4, atol=1e-5)
+    assert from_gram.refresh_count == 1 and from_gram.stats["skipped_refreshes"] == 0
+
+
+def test_refresh_from_gram_keeps_the_basis_for_a_zero_or_non_finite_gram(spectral_matrix):
+    g, *_ = spectral_matrix(40, 16, SIGMA, seed=5, dtype=torch.float32)
+    projector = PlumageProjector(4, proj_type="right")
+    assert projector.refresh_from_gram(g.T @ g, tuple(g.shape), 0, torch.float32)
+    basis = projector.factors[1].clone()
+    bad = g.T @ g
+    bad[0, 0] = float("nan")
+    assert not projector.refresh_from_gram(bad, tuple(g.shape), 5, torch.float32)
+    assert not projector.refresh_from_gram(torch.zeros(16, 16), tuple(g.shape), 6, torch.float32)
+    assert torch.equal(projector.factors[1], basis) and projector.stats["skipped_refreshes"] == 2
+
+
+def test_refresh_from_gram_names_what_it_cannot_do(spectral_matrix):
+    g, *_ = spectral_matrix(40, 16, SIGMA, seed=5, dtype=torch.float32)
+    with pytest.raises(ValueError, match="use proj_type='right'"):
+        SVDProjector(4, proj_type="left").refresh_from_gram(g.T @ g, tuple(g.shape), 0, torch.float32)
+    with pytest.raises(TypeError, match="cannot refresh from a Gram matrix"):
+        build_projector("random", 4, proj_type="right").refresh_from_gram(g.T @ g, tuple(g.shape), 0, torch.float32)
+    with pytest.raises(TypeError, match="cannot refresh from the shape alone"):
+        SVDProjector(4, proj_type="right").refresh_seeded(tuple(g.shape), 0, torch.float32, g.device)
+
+
+def test_refresh_seeded_draws_the_same_basis_as_a_refresh(spectral_matrix):
+    """The random projector's basis depends on the seed and the shape only: the sharded refresh gets it bit for bit."""
+    g, *_ = spectral_matrix(40, 16, SIGMA, seed=5, dtype=torch.float32)
+    seeded, refreshed = (build_projector("random", 4, proj_type="right", seed=3, index=2) for _ in range(2))
+    assert seeded.refresh_seeded(tuple(g.shape), 0, torch.float32, g.device) and refreshed.refresh(g, 0)
+    assert torch.equal(seeded.factors[1], refreshed.factors[1])

@@ -8,6 +8,8 @@ Per-layer optimizers, which step before DDP's all-reduce, are refused under more
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -134,3 +136,47 @@ def test_a_data_failure_on_rank_zero_stops_every_rank(workspace):
     output = result.stdout + result.stderr
     assert "holds 1 document(s)" in output, output[-4000:]
     assert "rank 0 could not prepare the data" in output, output[-4000:]
+
+
+def _computed_on_main_worker(rank: int, folder: str, port: int) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from galore_plumage.training.distributed import Dist, computed_on_main
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    out = Path(folder)
+    for case in ("result", "failure"):
+        def verify(case=case):  # stands for hashing a checkpoint's files
+            (out / f"{case}_ran_on_{rank}").write_text("")
+            if case == "failure":
+                raise ValueError("model_4/trainer.pt: sha256 differs")
+            return out / "model_4"
+
+        try:
+            outcome = str(computed_on_main(verify, Dist(rank, rank, 2, torch.device("cpu"))))
+        except Exception as error:  # noqa: BLE001 - the test reads what each rank raised
+            outcome = f"{type(error).__name__}: {error}"
+        (out / f"{case}_{rank}").write_text(outcome)
+    dist.destroy_process_group()
+
+
+def test_only_rank_zero_verifies_a_checkpoint_and_every_rank_hears_the_outcome(tmp_path):
+    """find_resume hashes a checkpoint's files on rank 0 alone (computed_on_main) and shares the folder, or the error,
+    so no other rank repeats the hashing or waits for an answer that will not come."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_computed_on_main_worker, args=(str(tmp_path), port), nprocs=2, join=True)
+    for case in ("result", "failure"):
+        assert (tmp_path / f"{case}_ran_on_0").exists() and not (tmp_path / f"{case}_ran_on_1").exists()
+    assert [(tmp_path / f"result_{r}").read_text() for r in (0, 1)] == [str(tmp_path / "model_4")] * 2
+    failure = "ValueError: model_4/trainer.pt: sha256 differs"
+    assert (tmp_path / "failure_0").read_text() == failure
+    assert (tmp_path / "failure_1").read_text() == f"RuntimeError: rank 0 failed: {failure}"

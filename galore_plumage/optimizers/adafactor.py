@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 
 from ..projectors import projector_spec
 from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
@@ -38,11 +39,12 @@ def adafactor_step_size(group: dict, step: int, rms: float) -> float:
 
 class AdafactorBackend(Backend):
     """The three reductions that span a whole tensor (RMS, the mean over rows, the mean of the row factor) are
-    methods, so a row-sharded variant (optimizers/sharded.py) can sum them over ranks; the rest is elementwise
+    methods, so a row-sharded variant (ShardedAdafactor, for FSDP2) can sum them over ranks; the rest is elementwise
     or along the last dimension, which a dim-0 shard holds whole."""
 
     name = "adafactor"
     decay_first = True
+    row_keys = ("exp_avg", "exp_avg_sq_row", "exp_avg_sq")  # exp_avg_sq_col, a mean over rows, is the same on all
     defaults = {
         "lr": None,
         "eps": (1e-30, 1e-3),
@@ -119,6 +121,9 @@ class AdafactorBackend(Backend):
     def _mean_of_row_factor(row: torch.Tensor) -> torch.Tensor:
         return row.mean(dim=-1, keepdim=True)
 
+    def over_ranks(self, process_group):
+        return ShardedAdafactor(process_group)
+
     def realign(self, state, projector, rule):
         """The first moment (an average of updates, not gradients) moves with B; the factored V with B∘B.
 
@@ -136,6 +141,28 @@ class AdafactorBackend(Backend):
             )
         else:
             _, state["exp_avg_sq"] = realign_dense(None, state["exp_avg_sq"], projector, "mv")
+
+
+class ShardedAdafactor(AdafactorBackend):
+    """Adafactor on row-sharded tensors: its whole-tensor reductions are sums (and counts) all-reduced over ranks."""
+
+    def __init__(self, group: dist.ProcessGroup):
+        self.group = group
+
+    def _summed(self, sums: torch.Tensor, count: int) -> torch.Tensor:
+        """(Σ over ranks of `sums`) / (Σ over ranks of `count`), computed in float64 so counts stay exact."""
+        packed = torch.cat([sums.double().reshape(-1), sums.new_tensor([count], dtype=torch.float64)])
+        dist.all_reduce(packed, group=self.group)
+        return (packed[:-1] / packed[-1]).to(sums.dtype).reshape(sums.shape)
+
+    def _rms(self, tensor):
+        return self._summed(tensor.square().sum(), tensor.numel()).sqrt()
+
+    def _mean_over_rows(self, tensor):
+        return self._summed(tensor.sum(dim=-2), tensor.shape[-2])
+
+    def _mean_of_row_factor(self, row):
+        return self._summed(row.sum(dim=-1, keepdim=True), row.shape[-1])
 
 
 class GaLoreAdafactor(LowRankOptimizer):

@@ -30,6 +30,7 @@ def adam_direction(state: dict, grad: torch.Tensor, beta1: float, beta2: float, 
 class AdamWBackend(Backend):
     name = "adamw"
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0, "correct_bias": True}
+    row_keys = ("exp_avg", "exp_avg_sq")
 
     def validate(self, group):
         check_non_negative(group, "lr", "eps", "weight_decay")

@@ -8,6 +8,8 @@ transports and requantizes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
@@ -50,6 +52,15 @@ def quantize_into(state: dict, which: int, values: torch.Tensor) -> None:
 class AdamW8bitBackend(Backend):
     name = "adamw8bit"
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2, "min_8bit_size": 4096}
+    row_keys = ("state1", "state2")
+    per_rank_keys = ("absmax1", "absmax2")  # one scale per block of a rank's own rows
+
+    def per_rank_length(self, state, rows):
+        return math.ceil(rows * math.prod(state["state1"].shape[1:]) / BLOCKSIZE)
+
+    def group_for_numel(self, group, numel):
+        """Whether a state is 8-bit is decided on the whole tensor, so every rank keeps the same layout."""
+        return {**group, "min_8bit_size": 0 if numel >= group["min_8bit_size"] else math.inf}
 
     def validate(self, group):
         check_non_negative(group, "lr", "eps", "weight_decay")

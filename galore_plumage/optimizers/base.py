@@ -21,15 +21,16 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch.optim import Optimizer
 
-try:  # FSDP2's sharded parameters; absent from torch builds without distributed support
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover
-    DTensor = None
-
 from ..projectors import Projector, build_projector, projector_spec
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
+from .placement import WHOLE
 from .realign import check_rule
 from .sampled_step import norm_matched, restart_limiter
+
+try:  # FSDP2's sharded parameters; absent from torch builds without distributed support
+    from .sharded import Sharding, is_sharded
+except ImportError:  # pragma: no cover
+    Sharding, is_sharded = None, lambda tensor: False
 
 LOW_RANK_DEFAULTS: dict[str, Any] = {  # galore-torch's keys, then ours (the options table: optimizers/options.py)
     "update_proj_gap": 200,
@@ -88,6 +89,27 @@ class Backend:
     def realign(self, state: dict, projector: Projector, rule: str) -> None:
         """Carry the moments through the projector's latest transition (see realign.py)."""
         raise NotImplementedError
+
+    # ----------------------------------------------------------------- FSDP2 (optimizers/sharded.py)
+    # Each rank steps its own rows of a sharded weight. A backend that supports it names the state tensors whose dim 0
+    # is the weight's rows (saved as row shards); None: no sharded support.
+    row_keys: ClassVar[tuple[str, ...] | None] = None
+    # state tensors holding one list of values per rank rather than per row (8-bit's absmax: one per block of the rank's
+    # own rows), saved padded to the longest rank's list
+    per_rank_keys: ClassVar[tuple[str, ...]] = ()
+
+    def per_rank_length(self, state: dict, rows: int) -> int:
+        """The length of a per_rank_keys tensor for a shard of `rows` rows laid out as `state`."""
+        raise NotImplementedError(f"backend {self.name!r} keeps no per-rank state")
+
+    def over_ranks(self, process_group) -> Backend:
+        """This backend stepping row shards over `process_group`: itself, unless it reduces over a whole tensor."""
+        return self
+
+    def group_for_numel(self, group: dict, numel: int) -> dict:
+        """The group as this backend should see it for a tensor of `numel` elements in all, of which a rank steps a
+        part (so that every rank decides as one process holding the whole tensor would)."""
+        return group
 
     def full_step(self, param: torch.Tensor, grad: torch.Tensor, group: dict, state: dict) -> None:
         apply_update(param, self.update(state, grad, group, param), None, self.decay_first)
@@ -179,9 +201,7 @@ class LowRankOptimizer(Optimizer):
             self._indices.setdefault(param, len(self._indices))
         if "rank" in group:
             self._validate_low_rank(group, len(self.param_groups) - 1)
-        if self._sharding is None and any(_is_dtensor(p) for p in group["params"]):
-            from .sharded import Sharding  # imported only when sharded weights appear: it imports this module
-
+        if self._sharding is None and any(is_sharded(p) for p in group["params"]):
             self._sharding = Sharding(self)
         if self._sharding is not None:
             self._sharding.validate_group(group, len(self.param_groups) - 1)
@@ -223,15 +243,19 @@ class LowRankOptimizer(Optimizer):
     @torch.no_grad()
     def step_param(self, param: torch.Tensor, group: dict, grad: torch.Tensor | None = None,
                    low_grad: torch.Tensor | None = None) -> None:
-        """One update of one weight, from its full gradient or from an already projected one."""
-        if self._sharding is not None and _is_dtensor(param):
-            self._sharding.step(param, group, grad, low_grad)
-            return
+        """One update of one weight, from its full gradient or from an already projected one (per-layer mode).
+
+        A weight that FSDP2 shards is stepped by the same code on each rank's own rows: its placement (placement.py,
+        sharded.py) supplies the local tensors, the sums over ranks and the refresh from the all-reduced Gram."""
+        where = self._placement(param)
+        where.check_step(grad, low_grad)
         state = self.state[param]
         state.setdefault("step", 0)
+        weight, backend = where.local(param), where.backend(self.backend, param)
+        grad = where.local(grad) if grad is not None else None
         if "rank" not in group:
             state["step"] += 1
-            self.backend.full_step(param, grad, group, state)
+            backend.full_step(weight, grad, where.group_for(group, backend, param, weight), state)
             return
         projector = self.projector_for(param, group)
         refreshed = False
@@ -243,25 +267,27 @@ class LowRankOptimizer(Optimizer):
                 refreshed = projector.refresh_count > count
             low_grad = projector.project(grad)
         state["step"] += 1
-        update = low_rank_update(self.backend, state, low_grad, group, param, projector)
+        group = where.group_for(group, backend, param, low_grad)
+        update = low_rank_update(backend, state, low_grad, group, weight, projector, total=where.total_for(param))
         for observe in self.step_observers:
             observe(param, projector, update, state, refreshed)
-        apply_update(param, update, projector, self.backend.decay_first)
-        resample_if_due(self.backend, state, group, projector)
+        apply_update(weight, update, projector, backend.decay_first)
+        resample_if_due(backend, state, group, projector)
 
     def _refresh(self, param, projector: Projector, grad, group, state) -> bool:
         """Refresh and realign; False when there is nothing sound to apply this step."""
         first = not projector.ready
-        if projector.refresh(grad, state["step"]):
+        where = self._placement(param)
+        if where.refresh(projector, grad, param, state["step"]):
             if projector.transition is not None:
-                self.backend.realign(state, projector, group["realign"])
+                where.backend(self.backend, param).realign(state, projector, group["realign"])
             restart_limiter(state)
             if first and group["stagger"]:
                 projector.next_refresh = state["step"] + self._staggered_interval(param, projector.tau)
             state["projector"] = projector.state_dict()
             return True
         # No new basis: with none at all, or with a gradient that would put NaN into the moments, skip.
-        return projector.ready and bool(torch.isfinite(grad).all())
+        return projector.ready and where.all_finite(grad, param)
 
     def _staggered_interval(self, param: torch.Tensor, tau: int) -> int:
         low_rank = [p for g in self.param_groups if "rank" in g for p in g["params"]]
@@ -275,8 +301,9 @@ class LowRankOptimizer(Optimizer):
     def projector_for(self, param: torch.Tensor, group: dict) -> Projector:
         projector = self._projectors.get(param)
         if projector is None:
+            overrides = self._placement(param).projector_options(param, group)
             projector = build_projector(
-                group["projector"], group["rank"], **projector_options(group, index=self._indices[param])
+                group["projector"], group["rank"], **projector_options(group, index=self._indices[param], **overrides)
             )
             if "projector" in self.state[param]:
                 projector.load_state_dict(self.state[param]["projector"])
@@ -287,11 +314,21 @@ class LowRankOptimizer(Optimizer):
         """Per low-rank weight (by its index in the param groups): r*, ρ, τ, max 1/p, refresh counts."""
         return {self._indices[p]: dict(proj.stats) for p, proj in self._projectors.items()}
 
+    def _placement(self, param: torch.Tensor):
+        """How `param` is held: whole, or (FSDP2) by rows over ranks; see placement.py."""
+        return self._sharding if self._sharding is not None and is_sharded(param) else WHOLE
+
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict:
         """As torch's; the state of FSDP2-sharded weights comes as DTensors (see optimizers/sharded.py)."""
         state_dict = super().state_dict()
         return self._sharding.wrap_state_dict(state_dict) if self._sharding is not None else state_dict
+
+    def prepare_for_load(self) -> None:
+        """Give every FSDP2-sharded weight without state a state of the right layout (placeholder values), so that
+        this optimizer's state dict is a complete template for torch.distributed.checkpoint.load; no-op otherwise."""
+        if self._sharding is not None:
+            self._sharding.prepare_for_load()
 
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch's, but tensors keep their saved dtype (fp32 bases and moments, uint8 8-bit states):
@@ -309,11 +346,6 @@ class LowRankOptimizer(Optimizer):
             if saved_id in state_dict["state"]:
                 self.state[param] = _on_device(state_dict["state"][saved_id], param.device)
         self._projectors = {}
-
-
-def _is_dtensor(tensor: torch.Tensor) -> bool:
-    """A parameter sharded by FSDP2 (fully_shard) or another DTensor API; its steps live in optimizers/sharded.py."""
-    return DTensor is not None and isinstance(tensor, DTensor)
 
 
 def _on_device(value, device: torch.device):

@@ -11,6 +11,7 @@ from .realign import realign_dense
 
 class SGDMomentumBackend(Backend):
     name = "sgdm"
+    row_keys = ("momentum_buffer",)
     defaults = {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0}
 
     def validate(self, group):

@@ -24,6 +24,7 @@ import torch
 from .checks import check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
 from .interval import mean_principal_cosine, next_interval
 from .signs import aligned_signs
+from .spectrum import Singular, eigh_gram
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
 DEFAULT_TAU_MAX_FACTOR = 4  # tau_max defaults to 4 × update_proj_gap when adaptive_interval is on
@@ -207,7 +208,7 @@ class Projector:
         raise NotImplementedError
 
     def _basis_from_spectrum(self, decomposition, ranks: dict[int, int], generator: torch.Generator) -> Basis | None:
-        """A new basis from a `svd.Singular` (σ descending and a way to cut singular vectors); from_spectrum only."""
+        """A new basis from a `spectrum.Singular` (σ descending and a way to cut singular vectors); from_spectrum only."""
         raise NotImplementedError(f"projector {self.name!r} does not build its basis from a spectrum")
 
     def _ranks(self, shape: tuple[int, ...]) -> dict[int, int]:
@@ -274,6 +275,71 @@ class Projector:
         self.next_refresh = step + self.tau
         self.next_resample = step + self.resample_every
         self.stats.update(basis.stats, refreshes=self.refresh_count, tau=self.tau)
+
+    # ----------------------------------------------------------------- refreshes without the whole gradient
+    # A weight split by rows over processes (FSDP2, optimizers/sharded.py) never has G in one place. What the ranks can
+    # agree on without moving G is its Gram Gᵀ G = Σ_k G_kᵀ G_k (one all-reduce), or, for a basis drawn from the seed
+    # alone, only G's shape. Every rank then builds the same basis (the generator is a pure function of seed, index and
+    # refresh count), so nothing else is communicated.
+    def ranks_for(self, shape: tuple[int, ...]) -> dict[int, int]:
+        """Rank per projected mode for a gradient of `shape` (fixed by the first refresh)."""
+        return self._rank_per_mode or self._ranks(tuple(shape))
+
+    def refresh_from_gram(self, gram: torch.Tensor, shape: tuple[int, ...], step: int, dtype: torch.dtype) -> bool:
+        """A new right-side basis for a gradient of `shape` from its Gram Gᵀ G (n × n) alone; bases in `dtype`.
+
+        The eigh of spectrum.eigh_gram with its noise floor (λ below the Gram's rounding error count as σ = 0). True if
+        installed; False (the basis kept) when the Gram is not finite, is zero, or its eigh fails."""
+        if not self.from_spectrum:
+            raise TypeError(f"projector {self.name!r} does not build its basis from a spectrum; it cannot refresh from "
+                            "a Gram matrix")
+        ranks = self.ranks_for(shape)
+        if tuple(ranks) != (1,) or gram.shape != (shape[1], shape[1]):
+            raise ValueError(f"a Gram Gᵀ G of shape {tuple(gram.shape)} gives right-side (mode 1) bases of a gradient of "
+                             f"shape {tuple(shape)}; this projector projects modes {tuple(ranks)}: use proj_type='right'")
+        decomposition = None
+        if bool(torch.isfinite(gram).all()) and gram.diagonal().sum() > 0:
+            decomposition = eigh_gram(gram, dtype, noise_floor=True)
+        basis = None
+        if decomposition is not None:
+            vectors, sigma = decomposition
+            generator = refresh_generator(self.seed, self.index, self.refresh_count)
+            basis = self._basis_from_spectrum(Singular(sigma, lambda mode, columns: _row_major(vectors[:, columns])),
+                                              ranks, generator)
+        return self._install_or_skip(basis, shape, ranks, step)
+
+    def refresh_seeded(self, shape: tuple[int, ...], step: int, dtype: torch.dtype, device: torch.device) -> bool:
+        """A new basis that reads nothing of the gradient but its shape (a projector that stores no factors: drawn from
+        the seed). The caller has checked that G is finite and non-zero."""
+        if self.stores_factors:
+            raise TypeError(f"projector {self.name!r} builds its basis from the gradient; it cannot refresh from the "
+                            "shape alone")
+        ranks = self.ranks_for(shape)
+        shaped = torch.zeros((), dtype=dtype, device=device).expand(shape)  # the shape, dtype and device, no memory
+        basis = self._new_basis(shaped, ranks, refresh_generator(self.seed, self.index, self.refresh_count))
+        return self._install_or_skip(basis, shape, ranks, step)
+
+    def install_placeholder(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+        """Install a basis with the real layout (factor shapes, 1/p, pool) and meaningless values: a state template
+        that a checkpoint is then loaded into (torch.distributed.checkpoint loads into existing tensors)."""
+        if not self.from_spectrum:
+            self.refresh_seeded(shape, 0, dtype, device)
+            return
+        ranks = self.ranks_for(shape)
+        (mode,) = ranks  # one-sided, as every sharded weight is
+        n = shape[mode]
+        vectors = torch.eye(n, dtype=dtype, device=device)  # no decomposition: a large one would take minutes
+        sigma = torch.linspace(1.0, 0.5, n, dtype=dtype, device=device)
+        spectrum = Singular(sigma, lambda mode, columns: _row_major(vectors[:, columns]))
+        basis = self._basis_from_spectrum(spectrum, ranks, refresh_generator(self.seed, self.index, 0))
+        self._install_or_skip(basis, shape, ranks, 0)
+
+    def _install_or_skip(self, basis: Basis | None, shape: tuple[int, ...], ranks: dict[int, int], step: int) -> bool:
+        if basis is None:
+            self.stats["skipped_refreshes"] += 1
+            return False
+        self.install(basis, tuple(shape), ranks, step)
+        return True
 
     def resample_due(self, step: int) -> bool:
         """True when the sampled rows are to be drawn again before update `step` (never on a refresh's own step, and
@@ -423,6 +489,12 @@ class Projector:
 def _transition(new: dict[int, torch.Tensor], old: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
     """B_k = F_newᵀ F_old per mode: what moves low-rank moments from the old basis to the new one."""
     return {k: new[k].T @ old[k].to(new[k]) for k in new}
+
+
+def _row_major(matrix: torch.Tensor) -> torch.Tensor:
+    """A copy in row-major layout: the layout a checkpoint loads back into, so a resumed run multiplies with the very
+    same memory layout (another layout rounds matmuls differently)."""
+    return matrix.clone(memory_format=torch.contiguous_format)
 
 
 def _compute_dtype(grad: torch.Tensor) -> torch.dtype:

@@ -23,7 +23,7 @@ import torch
 
 from .base import Basis, Pool, Projector
 from .sampling import inclusion_probabilities, systematic_sample
-from .svd import decompose
+from .spectrum import decompose
 
 
 class PlumageProjector(Projector):

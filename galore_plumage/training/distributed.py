@@ -62,6 +62,27 @@ def gather_floats(value: float, context: Dist) -> list[float]:
     return [t.item() for t in gathered]
 
 
+def computed_on_main(function, context: Dist):
+    """function() run by the main rank only, its (picklable) result handed to every rank: for work every rank would
+    repeat alike, such as hashing a checkpoint's files. Its exception is raised on the main rank and, as a
+    RuntimeError that quotes it, on the others, so no rank waits for a result that will not come."""
+    if not context.active:
+        return function()
+    shared = [None, None]  # result, error message
+    error = None
+    if context.is_main:
+        try:
+            shared[0] = function()
+        except Exception as caught:  # noqa: BLE001 - whatever it is, the other ranks must hear of it
+            error, shared[1] = caught, f"{type(caught).__name__}: {caught}"
+    dist.broadcast_object_list(shared, src=0)
+    if error is not None:
+        raise error
+    if shared[1] is not None:
+        raise RuntimeError(f"rank 0 failed: {shared[1]}")
+    return shared[0]
+
+
 def barrier(context: Dist) -> None:
     if context.active:
         dist.barrier()

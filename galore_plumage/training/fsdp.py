@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
+from ..optimizers.base import LowRankOptimizer
 from ..optimizers.layerwise import inner_optimizer
 from .checkpoint import TRAINER_FILE, CheckpointError, publish, read_trainer_state, write_summary
 
@@ -42,8 +43,8 @@ def shard_model(model: nn.Module) -> nn.Module:
 
 def _prepare(optimizer) -> None:
     """DCP loads into a template (get_optimizer_state_dict of this optimizer): every key must exist, with its shape."""
-    if getattr(optimizer, "_sharding", None) is not None:
-        optimizer._sharding.prepare_for_load()
+    if isinstance(optimizer, LowRankOptimizer):
+        optimizer.prepare_for_load()
 
 
 def save_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:

@@ -33,7 +33,7 @@ from .checkpoint import (
 )
 from .config import TrainConfig, resume_conflicts
 from .data import Batches
-from .distributed import Dist, all_reduce_sum, barrier, gather_floats
+from .distributed import Dist, all_reduce_sum, barrier, computed_on_main, gather_floats
 from .fsdp import ensure_process_group, load_sharded_checkpoint, save_sharded_checkpoint, shard_model
 from .metrics import MetricsLog, Progress, perplexity, projector_records
 from .model import build_model, load_model_config
@@ -91,12 +91,12 @@ def evaluate(model, batches: list[torch.Tensor], context: Dist, autocast) -> tup
     return loss_sum / count, int(count)
 
 
-def find_resume(config: TrainConfig, main: bool) -> Path | None:
+def find_resume(config: TrainConfig, context: Dist) -> Path | None:
     """The checkpoint to resume (None for a new run), found before any data is read; one written by a run with
-    other flags is refused, naming each."""
+    other flags is refused, naming each. The main rank verifies the files (hashes them) and tells the others."""
     if config.continue_from is None:
         return None
-    folder = resolve_checkpoint(config.continue_from, warn=warn if main else lambda _: None)
+    folder = computed_on_main(lambda: resolve_checkpoint(config.continue_from), context)
     saved = saved_config(folder)
     if conflicts := resume_conflicts(saved, config) if saved else []:
         raise ValueError(f"--continue_from {config.continue_from!r}: {folder.name} was written by a run with other "
@@ -139,7 +139,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, context: Dist):
         seed_everything(config.seed)
         self.config, self.context, self.main = config, context, context.is_main
-        resume_folder = find_resume(config, self.main)
+        resume_folder = find_resume(config, context)
         self.log = MetricsLog(config.save_dir, enabled=self.main)
         self.batches = load_data(config, context)
         tokenizer = self.batches.tokenizer

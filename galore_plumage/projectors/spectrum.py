@@ -1,0 +1,103 @@
+"""Singular values and vectors of a gradient: the decompositions every spectral projector (svd, plumage) and the
+sharded refresh build their bases from.
+
+    thin_svd      torch.linalg.svd as galore-torch calls it, retried in float64 on non-convergence
+    eigh_gram     eigenvectors and σ = √λ of a Gram matrix (G Gᵀ or Gᵀ G), the route of solver="gram" and of FSDP2
+    decompose     the solver's choice between the two, as a `Singular` (σ and a way to cut factors)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+
+def thin_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """U, σ, Vᴴ of a finite float matrix (σ descending), or None if no solver converges.
+
+    The same call galore-torch makes, so bases match it exactly. When the solver fails to converge (it
+    happens on ill-conditioned gradients) it is retried in float64 before giving up; the caller then keeps
+    the previous basis instead of stalling or crashing the run.
+    """
+    try:
+        return torch.linalg.svd(matrix, full_matrices=False)
+    except RuntimeError:
+        pass
+    try:
+        u, s, vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+    except RuntimeError:
+        return None
+    return u.to(matrix.dtype), s.to(matrix.dtype), vh.to(matrix.dtype)
+
+
+def singular_factor(u: torch.Tensor, vh: torch.Tensor, mode: int, columns: torch.Tensor | slice) -> torch.Tensor:
+    """Chosen singular vectors of one side as a dim × r factor: U[:, columns] (mode 0) or V[:, columns].
+
+    Copied out of U / Vᴴ so the full decomposition is not kept alive; the right factor is a transposed view
+    of a compact r × n block, the layout galore-torch multiplies with.
+    """
+    return u[:, columns].clone() if mode == 0 else vh[columns].clone().T
+
+
+def gram_eigh(grad: torch.Tensor, mode: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Side-`mode` singular vectors and the singular values (descending) of `grad`, from its Gram matrix.
+
+    G Gᵀ = U Σ² Uᵀ (mode 0), Gᵀ G = V Σ² Vᵀ (mode 1): one eigh of a min(m, n)² matrix instead of an SVD of G.
+    Squaring loses the smallest singular values to rounding (clamped at 0); the top ones, which the
+    projection keeps, are unaffected, and an eigenbasis is orthonormal, which is all PLUMAGE's
+    unbiasedness needs. float64 retry as in thin_svd; None if eigh fails in both.
+    """
+    gram = grad @ grad.T if mode == 0 else grad.T @ grad
+    return eigh_gram(gram, grad.dtype)
+
+
+def eigh_gram(gram: torch.Tensor, dtype: torch.dtype, noise_floor: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Eigenvectors (columns) and σ = √λ of a symmetric PSD Gram matrix, both descending, cast to `dtype`.
+
+    Rounding can leave tiny negative eigenvalues: they are clamped to σ = 0 (a direction that carries nothing),
+    so σ is never NaN and stays sorted. Also the route of a sharded refresh, whose Gram is all-reduced over ranks.
+
+    noise_floor: also zero every λ < size · ε · λ_max (ε of the Gram's dtype), the rounding error of forming the
+    Gram. Squaring turns a rounding-level singular value of G (ε·σ₁) into σ = √(ε)·σ₁, large enough for PLUMAGE to
+    give such noise directions a real inclusion probability and then a 1/p-scaled step; at σ = 0 they get none.
+    """
+    for dtype_tried in (gram.dtype, torch.float64):
+        try:
+            eigenvalues, eigenvectors = torch.linalg.eigh(gram.to(dtype_tried))
+            break
+        except RuntimeError:
+            continue
+    else:
+        return None
+    eigenvalues = eigenvalues.flip(0)
+    if noise_floor:
+        floor = gram.shape[0] * torch.finfo(gram.dtype).eps * eigenvalues[0].clamp_min(0)
+        eigenvalues = torch.where(eigenvalues < floor, torch.zeros_like(eigenvalues), eigenvalues)
+    sigma = eigenvalues.clamp_min(0).sqrt().to(dtype)
+    return eigenvectors.flip(1).to(dtype), sigma
+
+
+class Singular(NamedTuple):
+    sigma: torch.Tensor  # descending
+    factor: Callable[[int, torch.Tensor | slice], torch.Tensor]  # (mode, columns) -> dim_mode × r
+
+
+def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singular | None:
+    """Singular values of `grad` and a way to cut factors out of the singular vectors of the `modes` sides.
+
+    solver "gram" takes the eigh route when one side is projected and it is the smaller one (the usual
+    case: GaLore's std projects the smaller side); otherwise, and for solver "svd", torch.linalg.svd.
+    """
+    if solver == "gram" and len(modes) == 1 and grad.shape[modes[0]] <= grad.shape[1 - modes[0]]:
+        result = gram_eigh(grad, modes[0])
+        if result is None:
+            return None
+        vectors, sigma = result
+        return Singular(sigma, lambda mode, columns: vectors[:, columns].clone())
+    result = thin_svd(grad)
+    if result is None:
+        return None
+    u, sigma, vh = result
+    return Singular(sigma, lambda mode, columns: singular_factor(u, vh, mode, columns))
