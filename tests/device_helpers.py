@@ -1,5 +1,5 @@
 """What tests/gpu/test_cuda_optimizers.py compares between CPU and CUDA, and the tolerances it uses, shared with
-the CPU test that justifies them (tests/test_device_tolerance.py).
+the CPU test that justifies them (tests/optimizers/test_device_tolerance.py).
 
 Two devices differ in float rounding (SVD routine, matmul order), so a comparison between them is defined only
 where rounding cannot change the result by more than it does in a CPU run perturbed at that level:
@@ -7,7 +7,7 @@ where rounding cannot change the result by more than it does in a CPU run pertur
   rounding-level difference rotates neighbouring singular vectors into each other, and either basis is right;
 - the update Δw = w − w₀ is compared, relative to its own size (an rtol on w itself compares the weights' scale);
 - GaLore's default keeps moments across a refresh while a singular vector's sign is arbitrary: it is compared
-  within one refresh interval, and over several with align_signs (tests/test_align_signs.py);
+  within one refresh interval, and over several with align_signs (tests/projectors/test_align_signs.py);
 - 8-bit states: bitsandbytes rounds each state to the nearest code on CUDA, while its CPU build (0.50) looks the
   code up in a table too coarse for the small values of its dynamic code: a second moment below ~1e-5 of its
   block's largest is stored as 1.6e-5 of it. That, not the GPU, moved PLUMAGE's 8-bit run by 5e-4 on the H100

@@ -1,4 +1,4 @@
-"""Run under `torchrun --nproc_per_node W` by tests/test_fsdp_optimizers.py: FSDP2 (gloo) against one process.
+"""Run under `torchrun --nproc_per_node W` by tests/optimizers/test_fsdp_optimizers.py: FSDP2 (gloo) against one process.
 
 For each optimizer name, on a tiny float64 model with a weight whose rows do not divide by W:
   * W ranks, each with 1/W of the global batch, train STEPS updates (refreshes at 0, 3, 6) under fully_shard;
@@ -64,7 +64,7 @@ DTYPES = {"plumage_adamw8bit": torch.float32, "plumage_adamw8bit_fp32": torch.fl
 def batch(step: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of `step`. In float64, 64 samples: full-rank gradients, so PLUMAGE samples among all 24/37
     directions. In float32, rounding of the gradient sum (FSDP's reduce-scatter vs one process) can swap or rotate
-    nearly equal tail singular vectors and so change a sampled direction (tests/test_train_distributed.py saw the same
+    nearly equal tail singular vectors and so change a sampled direction (tests/training/test_train_distributed.py saw the same
     with DDP); 8 samples give gradients of rank <= 8 = the projection rank, a subspace rounding cannot move."""
     size = BATCH if dtype == torch.float64 else RANK
     generator = torch.Generator().manual_seed(1000 + step)

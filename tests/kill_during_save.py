@@ -1,6 +1,6 @@
 """torchrun_main.py that SIGKILLs itself inside its Nth checkpoint save: every file of the checkpoint is written into
 its temp folder, which is not yet renamed into place. It is the kill a power cut or an OOM killer would deal
-mid-save, made deterministic for tests/test_faults.py.
+mid-save, made deterministic for tests/training/test_faults.py.
 
     python tests/kill_during_save.py N <torchrun_main.py flags>
 """

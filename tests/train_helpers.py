@@ -59,3 +59,8 @@ def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "torchrun_main.py", *args]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT_S)
+
+
+def hidden_entries(folder: Path) -> list[str]:
+    """The names in `folder` that start with a dot: what a killed or failed save would leave (temp folders)."""
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))

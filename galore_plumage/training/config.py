@@ -196,7 +196,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     order a user would fix them: numbers, combinations of flags, batch arithmetic, the run's length, files."""
     c = dataclasses.replace(config, world_size=world_size)
     if c.eval_tokens is None:
-        c.eval_tokens = LOCAL_EVAL_TOKENS if c.dataset == BUNDLED or _is_local_file(c.dataset) else STREAMED_EVAL_TOKENS
+        c.eval_tokens = LOCAL_EVAL_TOKENS if c.dataset == BUNDLED or is_local_file(c.dataset) else STREAMED_EVAL_TOKENS
     if c.lr is None:
         c.lr = recommended_lr(optimizer_spec(c.optimizer))
     _check_numbers(c)
@@ -280,17 +280,19 @@ def _derive_batch(c: TrainConfig, world_size: int) -> None:
 
 
 def _check_files(c: TrainConfig) -> None:
-    if _is_local_file(c.dataset) and not Path(c.dataset).is_file():
+    if is_local_file(c.dataset) and not Path(c.dataset).is_file():
         raise ValueError(f"--dataset {c.dataset!r}: no such file; pass an existing .txt/.jsonl, '{BUNDLED}' or "
                          "'allenai/c4'")
-    if _is_local_file(c.dataset) and not c.dataset.endswith(LOCAL_FORMATS):
+    if is_local_file(c.dataset) and not c.dataset.endswith(LOCAL_FORMATS):
         raise ValueError(f"--dataset {c.dataset!r}: a local corpus is read from .txt (documents separated by blank "
                          "lines) or .jsonl (a 'text' field); convert the file to one of them")
     if not Path(c.model_config).is_file():
         raise ValueError(f"--model_config {c.model_config!r}: no such file; choose one of configs/llama_*.json")
 
 
-def _is_local_file(dataset: str) -> bool:
+def is_local_file(dataset: str) -> bool:
+    """A --dataset that names a file (by its suffix, or because it exists); any other name but the bundled corpus is a
+    hub dataset, streamed. A file must then be .txt/.jsonl (checked above)."""
     return Path(dataset).suffix.lower() in FILE_SUFFIXES or Path(dataset).is_file()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .config import BUNDLED, LOCAL_FORMATS, TrainConfig
+from .config import BUNDLED, TrainConfig, is_local_file
 from .corpus import fetch_corpus, split_works
 from .distributed import Dist
 from .tokenizer import load_tokenizer
@@ -30,7 +30,7 @@ HELD_OUT_EVERY = 20  # every 20th document of a local corpus is validation
 
 # ----------------------------------------------------------------- documents
 def is_streamed(dataset: str) -> bool:
-    return dataset != BUNDLED and not dataset.endswith(LOCAL_FORMATS)
+    return dataset != BUNDLED and not is_local_file(dataset)
 
 
 def read_documents(path: str | Path) -> list[str]:

@@ -2,9 +2,9 @@
 
 Run on a GPU machine with `python -m pytest tests/gpu -q`. Bases are drawn on the CPU from the same generator, so
 both devices sample the same directions. What is compared, and why each tolerance holds when the devices differ
-only in rounding, is in tests/device_helpers.py; tests/test_device_tolerance.py checks those tolerances on the CPU.
+only in rounding, is in tests/device_helpers.py; tests/optimizers/test_device_tolerance.py checks those tolerances on the CPU.
 Before session 8 this compared weights with rtol 1e-3 on Gaussian gradients: GaLoreAdamW failed on SVD signs
-(tests/test_align_signs.py) and PlumageAdamW8bit on bitsandbytes' CPU rounding, neither a GPU fault.
+(tests/projectors/test_align_signs.py) and PlumageAdamW8bit on bitsandbytes' CPU rounding, neither a GPU fault.
 """
 
 import sys

@@ -39,6 +39,30 @@ def test_other_arguments_are_checked(kwargs, match):
         build_projector("svd", rank=4, **kwargs)
 
 
+# Our options beyond galore-torch's (the options table, optimizers/options.py), as each projector checks them: a bad
+# value is named with what is accepted, and an option a projector cannot honour names the projector.
+OPTION_REFUSALS = [
+    *(("plumage", {"max_inv_p": bad}, rf"max_inv_p must be a number >= 1 .*got {re.escape(repr(bad))}")
+      for bad in (0.5, 0, -3.0, float("nan"), True, "3")),
+    *((name, {"max_inv_p": 3}, rf"max_inv_p=3 .*projector {name!r} does not rescale") for name in ("svd", "random", "tucker")),
+    *(("plumage", {"resample_every": bad}, rf"resample_every must be an integer >= 0 .*got {re.escape(repr(bad))}")
+      for bad in (-1, 1.5, True, "2", None)),
+    ("svd", {"resample_every": 2}, "resample_every=2 draws PLUMAGE's sample again, but projector 'svd'"),
+    *(("plumage", {"pool_factor": bad}, rf"pool_factor.*got {re.escape(repr(bad))}") for bad in (1, 2.5, True)),
+    ("random", {"align_signs": True}, "align_signs=True .* 'random'"),
+    ("svd", {"align_signs": 1}, "align_signs must be True or False, got 1"),
+    ("plumage", {"solver": "qr"}, "'qr'"),
+]
+
+
+@pytest.mark.parametrize("name, kwargs, match", OPTION_REFUSALS,
+                         ids=[f"{name}-{key}={value!r}" for name, options, _ in OPTION_REFUSALS
+                              for key, value in options.items()])
+def test_our_options_are_checked(name, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        build_projector(name, rank=4, **kwargs)
+
+
 def test_plumage_refuses_full():
     with pytest.raises(ValueError, match="plumage.*proj_type='full'"):
         build_projector("plumage", rank=4, proj_type="full")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import DIST_VARS, REPO, read_metrics, subprocess_env, tiny_run_flags, write_corpus
+from train_helpers import DIST_VARS, REPO, hidden_entries, read_metrics, subprocess_env, tiny_run_flags, write_corpus
 
 import torchrun_main
 
@@ -66,10 +66,6 @@ def _kill_after(process: subprocess.Popen, save_dir: Path, update: int) -> tuple
     return _finish(process)
 
 
-def _hidden(save_dir: Path) -> list[str]:
-    return sorted(p.name for p in save_dir.iterdir() if p.name.startswith("."))
-
-
 def _digests(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
@@ -100,7 +96,7 @@ def test_killed_mid_save_and_at_random_updates_then_resumed_equals_the_straight_
     code, _ = _finish(_launch(flags, save_dir, kill_in_save=2))
     assert code == -signal.SIGKILL
     assert (save_dir / "latest").read_text().strip() == "model_2" and not (save_dir / "model_4").exists()
-    assert any(name.startswith(".model_4.tmp-") for name in _hidden(save_dir))
+    assert any(name.startswith(".model_4.tmp-") for name in hidden_entries(save_dir))
     # 2. resumed, and killed again as soon as a random later update is logged, twice
     rng = random.Random(17)
     for _ in range(2):
@@ -112,7 +108,7 @@ def test_killed_mid_save_and_at_random_updates_then_resumed_equals_the_straight_
     code, err = _finish(_launch(flags, save_dir, "--continue_from", str(save_dir)))
     assert code == 0, err
     _assert_same_run(straight, save_dir)
-    assert _hidden(save_dir) == []  # every dead writer's temp folder was cleared
+    assert hidden_entries(save_dir) == []  # every dead writer's temp folder was cleared
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(flags, straight, tmp_path):
@@ -158,4 +154,4 @@ def test_a_diverged_run_ends_with_one_line(flags, tmp_path, monkeypatch, capsys)
     err = capsys.readouterr().err
     assert code == 1
     assert err.startswith("torchrun_main.py: error: non-finite training loss at update ") and err.count("\n") == 1, err
-    assert _hidden(save_dir) == []
+    assert hidden_entries(save_dir) == []

@@ -21,7 +21,7 @@ from galore_plumage.training.checkpoint import (
 )
 from galore_plumage.training.model import build_model, load_model_config
 
-MICRO = Path(__file__).resolve().parent.parent / "configs" / "llama_micro.json"
+MICRO = Path(__file__).resolve().parents[2] / "configs" / "llama_micro.json"
 
 
 def _model(seed: int = 0):

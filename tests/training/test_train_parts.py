@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from train_helpers import hidden_entries
 
 from galore_plumage import build_optimizer
 from galore_plumage.training import checkpoint as checkpoint_lib
@@ -32,7 +33,7 @@ from galore_plumage.training.metrics import MetricsLog, projector_records
 from galore_plumage.training.model import build_model, load_model_config
 from galore_plumage.training.schedule import build_scheduler, lr_factor
 
-MICRO = Path(__file__).resolve().parent.parent / "configs" / "llama_micro.json"
+MICRO = Path(__file__).resolve().parents[2] / "configs" / "llama_micro.json"
 VOCAB = 96
 
 
@@ -187,10 +188,6 @@ def _trainer_state(model, step: int) -> dict:
             "tokens_seen": step * 16}
 
 
-def _hidden(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
-
-
 def _weights(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -204,7 +201,7 @@ def test_save_checkpoint_writes_the_folder_and_latest(tmp_path):
     assert {"config.json", "model.safetensors", TRAINER_FILE, "training_state.json"} <= {p.name for p in folder.iterdir()}
     assert (tmp_path / LATEST).read_text() == "model_3\n"
     assert json.loads((folder / "training_state.json").read_text()) == {"update_step": 3}
-    assert _hidden(tmp_path) == [] and _hidden(folder) == []
+    assert hidden_entries(tmp_path) == [] and hidden_entries(folder) == []
     loaded = torch.load(folder / TRAINER_FILE, weights_only=True)
     assert loaded["update_step"] == 3 and loaded["data"] == state["data"]
     assert loaded["optimizer"]["state"].keys() == state["optimizer"]["state"].keys()
@@ -261,12 +258,12 @@ def test_crash_mid_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     assert (tmp_path / LATEST).read_text() == "model_3\n"
     assert not (tmp_path / "model_6").exists()
     assert resolve_checkpoint(tmp_path) == tmp_path / "model_3"
-    leftovers = _hidden(tmp_path)
+    leftovers = hidden_entries(tmp_path)
     assert leftovers and all(name.startswith(".model_6.tmp-") for name in leftovers)
     assert any((tmp_path / name / "model.safetensors").exists() for name in leftovers)  # the crash came after it
 
     save_checkpoint(tmp_path, 6, model, {"update_step": 6}, {})
-    assert _hidden(tmp_path) == [] and resolve_checkpoint(tmp_path) == tmp_path / "model_6"
+    assert hidden_entries(tmp_path) == [] and resolve_checkpoint(tmp_path) == tmp_path / "model_6"
 
 
 @pytest.mark.parametrize("tied", [False, True])

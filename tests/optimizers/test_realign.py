@@ -198,7 +198,7 @@ def test_optimizer_realigns_at_a_refresh():
     """Through PlumageAdamW: at the refresh step M ← β₁·B M + (1−β₁) R, V ← β₂·(B∘B) V + (1−β₂) R²."""
     generator = torch.Generator().manual_seed(6)
     weight = torch.nn.Parameter(torch.randn(24, 16, generator=generator))
-    # no draws between refreshes (they realign too: tests/test_resample.py), so the refresh's is the last transition
+    # no draws between refreshes (they realign too: tests/projectors/test_resample.py), so the refresh's is the last transition
     optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 3}], lr=1e-2, betas=(0.9, 0.99),
                              resample_every=0)
     group = optimizer.param_groups[0]

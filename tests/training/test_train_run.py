@@ -277,7 +277,7 @@ def test_per_layer_with_accumulation_matches_normal_mode(run, tmp_path, normal_n
     """<name> vs <name>_per_layer, accumulation 2, 4 updates: the same losses and final weights to float32 rounding.
 
     Per-layer mode sums the projected micro-gradients, normal mode projects the summed gradient: equal up to
-    rounding. The tolerance is the library's own per-layer test's (tests/test_per_layer_accumulation.py: rtol 1e-5,
+    rounding. The tolerance is the library's own per-layer test's (tests/optimizers/test_per_layer_accumulation.py: rtol 1e-5,
     atol 1e-7). --update_proj_gap 4 puts the only refresh at update 1 (full gradient kept in both modes) and runs
     updates 2-4 through the projected-accumulation path. With a second refresh after the weights have drifted by
     rounding (gap 2), the basis re-derived from the gradient's spectrum amplifies that ulp-level drift by
