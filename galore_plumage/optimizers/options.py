@@ -10,6 +10,8 @@ galore-torch's own keys (rank, update_proj_gap, scale, proj_type) are not here: 
 
 `default` is every family's value and the behaviour of a checkpoint written before the key existed;
 `plumage` is what plumage_* uses instead, where the pretraining protocol chose another (benchmarks/pretrain_protocol.py).
+Those choices fix what Adam-style normalization before D⁻¹ does to the paper's step (docs/results.md §3); a backend that
+does not normalize (SGD momentum) keeps the paper's estimator: option_defaults("plumage", normalizes=False).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class Option:
     help: str
     check: Callable[[Any], None]  # raises ValueError naming the value
     bad_values: tuple  # values `check` refuses: the table's test iterates them
-    plumage: Any = SAME  # plumage_*'s default where it differs
+    plumage: Any = SAME  # plumage_*'s default where it differs, for backends that normalize (Adam, Adafactor)
     to_projector: bool = False  # a build_projector argument
     parse: Callable[[str], Any] | None = None  # the flag's argparse type (bools get --key / --no-key)
     choices: tuple | None = None
@@ -93,7 +95,7 @@ class Option:
     def flag_help(self) -> str:
         defaults = f"default {self.default!r}"
         if self.plumage is not SAME:
-            defaults += f", {self.plumage!r} for plumage_*"
+            defaults += f", {self.plumage!r} for plumage_* but plumage_sgdm"
         return f"{self.help} ({defaults})"
 
     def argparse_options(self) -> dict:
@@ -139,9 +141,10 @@ OPTIONS: tuple[Option, ...] = (
 BY_KEY = {option.key: option for option in OPTIONS}
 
 
-def option_defaults(family: str = "") -> dict[str, Any]:
-    """Every option's default for one family ('' = every low-rank family but plumage_*)."""
-    return {o.key: (o.plumage_default() if family == "plumage" else o.default) for o in OPTIONS}
+def option_defaults(family: str = "", normalizes: bool = True) -> dict[str, Any]:
+    """Every option's default for one family ('' = every low-rank family but plumage_*); `normalizes`: whether the
+    backend normalizes each coordinate before D⁻¹ (False: plumage_* keeps the paper's estimator)."""
+    return {o.key: (o.plumage_default() if family == "plumage" and normalizes else o.default) for o in OPTIONS}
 
 
 def projector_keys() -> tuple[str, ...]:

@@ -6,6 +6,7 @@ The paper's debiasing study: without a second moment, the bias of a top-r projec
 from __future__ import annotations
 
 from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_non_negative
+from .options import option_defaults
 from .realign import realign_dense
 
 
@@ -42,5 +43,4 @@ class PlumageSGDM(LowRankOptimizer):
 
     backend = SGDMomentumBackend()
     # SGD momentum does not normalize before D⁻¹, so the paper's step is not amplified: it keeps the paper's estimator
-    class_defaults = {**PLUMAGE_DEFAULTS, "realign": "m", "sampled_step": "adaptive", "resample_every": 0,
-                      "max_inv_p": None}
+    class_defaults = {**PLUMAGE_DEFAULTS, **option_defaults("plumage", normalizes=False), "realign": "m"}
