@@ -72,18 +72,44 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                              *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
     "plumage_cap1_pool4": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_factor", "4",
                                              *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
+    # the default with each row bias-corrected by its own age: a row drawn anew (transported M = V = 0) starts at
+    # ±1 instead of Adam's (1 − β1)/√(1 − β2) ≈ 3.2 with the global correction. Tests whether that 3.2 helps.
+    "plumage_cap1_row_age": ("plumage_adamw", ["--galore_scale", "0.25", *plumage_flags(
+        max_inv_p=1, resample_every=1, row_bias_correction=True)], (3e-3,)),
+    # between the default (cap 1) and the paper's κ = 1 (uncapped): a drawn tail row amplified up to 2×
+    "plumage_cap2_resample": ("plumage_adamw", ["--galore_scale", "0.25",
+                                                *plumage_flags(max_inv_p=2, resample_every=1)], (3e-3,)),
+    # the default with no pool (κ = 0: draw once per refresh): GaLore's memory
+    "plumage_cap1_kappa0": ("plumage_adamw", ["--galore_scale", "0.25",
+                                              *plumage_flags(max_inv_p=1, resample_every=0)], (3e-3, 1e-2)),
+    # the default at GaLore's optimizer memory: its pool (2r vectors) and moments at rank 52 hold as many floats as
+    # GaLore's basis (r) and moments at rank 64 over a llama_tiny layer (9760 · 52 ≈ 7968 · 64)
+    "plumage_cap1_equal_memory": ("plumage_adamw", ["--galore_scale", "0.25", "--rank", "52",
+                                                    *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
+    # the refresh interval τ, for GaLore's recipe and the default alike (the protocol's τ = 40 is neither's tuned value)
+    **{f"{label}_gap{gap}": (optimizer, [*flags, "--update_proj_gap", str(gap)], (3e-3,))
+       for label, optimizer, flags in (
+           ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"]),
+           ("plumage_cap1", "plumage_adamw", ["--galore_scale", "0.25", *plumage_flags(max_inv_p=1, resample_every=1)]))
+       for gap in (20, 100)},
+    # the default with twice GaLore's scale on the projected update (the other groups keep the lr)
+    "plumage_cap1_scale05": ("plumage_adamw", ["--galore_scale", "0.5",
+                                               *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
 }
 REFERENCE = "galore_recipe"
 
 
 def command_for(optimizer: str, extra: list[str], seed: int, lr: float, args, save_dir: Path) -> list[str]:
+    # an arm that names its own rank or refresh interval keeps it; the others take the protocol's
+    rank = [] if "--rank" in extra else ["--rank", str(args.rank)]
+    gap = [] if "--update_proj_gap" in extra else ["--update_proj_gap", str(args.update_proj_gap)]
     return [
         sys.executable, str(ROOT / "torchrun_main.py"), "--optimizer", optimizer, *extra,
         "--model_config", args.model_config, "--lr", str(lr),
         "--batch_size", str(args.batch_size), "--max_length", str(args.max_length),
         "--num_training_steps", str(args.steps), "--warmup_steps", str(max(1, args.steps // 10)),
-        "--eval_every", str(args.eval_every), "--save_every", str(args.steps), "--rank", str(args.rank),
-        "--update_proj_gap", str(args.update_proj_gap), "--seed", str(seed), "--eval_tokens", str(args.eval_tokens),
+        "--eval_every", str(args.eval_every), "--save_every", str(args.steps), *rank,
+        *gap, "--seed", str(seed), "--eval_tokens", str(args.eval_tokens),
         "--save_dir", str(save_dir), "--no-progress",
     ]
 
