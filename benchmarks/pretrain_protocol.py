@@ -86,6 +86,9 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # GaLore's basis (r) and moments at rank 64 over a llama_tiny layer (9760 · 52 ≈ 7968 · 64)
     "plumage_cap1_equal_memory": ("plumage_adamw", ["--galore_scale", "0.25", "--rank", "52",
                                                     *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
+    # the default with its pool stored in bfloat16 (--pool_bf16): GaLore's optimizer memory at the same rank
+    "plumage_cap1_pool_bf16": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16",
+                                                 *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
     # the refresh interval τ, for GaLore's recipe and the default alike (the protocol's τ = 40 is neither's tuned value)
     **{f"{label}_gap{gap}": (optimizer, [*flags, "--update_proj_gap", str(gap)], (3e-3,))
        for label, optimizer, flags in (

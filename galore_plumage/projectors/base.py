@@ -152,6 +152,7 @@ class Projector:
         resample_every: int = 0,
         pool_factor: int = 2,
         align_signs: bool = False,
+        pool_bf16: bool = False,
     ):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
@@ -174,6 +175,10 @@ class Projector:
             raise ValueError(f"resample_every={resample_every!r} draws PLUMAGE's sample again, but projector "
                              f"{self.name!r} does not sample; use projector='plumage' or leave resample_every at 0")
         check_pool_factor(pool_factor)
+        check_bool("pool_bf16")(pool_bf16)
+        if pool_bf16 and not self.rescales:
+            raise ValueError(f"pool_bf16=True stores PLUMAGE's pool of sampled vectors, but projector {self.name!r} "
+                             "keeps no pool; leave pool_bf16 unset")
         check_bool("align_signs")(align_signs)
         if align_signs and not self.signed:
             raise ValueError(f"align_signs=True fixes the signs of singular vectors, but projector {self.name!r} "
@@ -188,7 +193,10 @@ class Projector:
         self.tau = update_proj_gap
         self.solver = solver
         self.max_inv_p = None if max_inv_p is None or max_inv_p == math.inf else float(max_inv_p)  # inf: no cap
-        self.resample_every, self.pool_factor = resample_every, pool_factor
+        self.resample_every, self.pool_factor, self.pool_bf16 = resample_every, pool_factor, pool_bf16
+        # the dtype projections are computed in (float32, or float64 for float64 gradients): the factors' own dtype,
+        # unless they are views of a pool stored in bfloat16
+        self._compute: torch.dtype | None = None
         self.align_signs = align_signs
         self.pool: Pool | None = None
         self.draws = 0  # resamples since the last refresh
@@ -263,12 +271,15 @@ class Projector:
             basis.factors = {k: aligned_signs(f, old.get(k)) for k, f in basis.factors.items()}
         self.transition = None
         if old:
-            self.transition = _transition(basis.factors, old)
+            self.transition = _transition(basis.factors, old, self._compute)
             rho = sum(mean_principal_cosine(old[k], basis.factors[k]) for k in basis.factors)
             rho /= max(len(basis.factors), 1)
             self.stats["rho"] = rho
             if self.adaptive_interval:
                 self.tau = next_interval(rho, self.tau, self.tau_min, self.tau_max)
+        self._compute = next(iter(basis.factors.values())).dtype
+        if self.pool_bf16 and basis.pool is not None:
+            basis = _stored_in_bf16(basis)
         self.factors, self.inv_p = basis.factors, basis.inv_p
         self.pool, self.draws = basis.pool, 0
         self.refresh_count += 1
@@ -354,7 +365,7 @@ class Projector:
         old = self.factors
         ((mode, rank),) = self._rank_per_mode.items()
         self.factors, self.inv_p, self.pool = self._draw(self.pool, generator, mode, rank)
-        self.transition = _transition(self.factors, old)
+        self.transition = _transition(self.factors, old, self._dtype)
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 
@@ -369,7 +380,7 @@ class Projector:
         self._follow_device(grad.device)
         x = grad.to(self._dtype)
         for mode, factor in self.factors.items():
-            x = mode_product(x, factor.T, mode)
+            x = mode_product(x, factor.T.to(x.dtype), mode)  # .to: a no-op unless the pool is stored in bfloat16
         return x
 
     def project_back(self, low: torch.Tensor) -> torch.Tensor:
@@ -381,7 +392,7 @@ class Projector:
             (mode,) = self.factors
             x = x * _along(self.inv_p, mode, x.dim())
         for mode, factor in self.factors.items():
-            x = mode_product(x, factor, mode)
+            x = mode_product(x, factor.to(x.dtype), mode)
         return x * self.scale if self.scale != 1.0 else x
 
     def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
@@ -441,6 +452,7 @@ class Projector:
             self._share_pool_storage()
         self.draws, self.next_resample = (pool["draws"], pool["next_resample"]) if pool is not None else (0, 0)
         self.transition = None
+        self._compute = getattr(torch, state["dtype"]) if self.factors else None
 
     def _regenerate(self, dtype: torch.dtype) -> dict[int, torch.Tensor]:
         raise NotImplementedError(f"projector {self.name!r} stores its factors")
@@ -448,6 +460,9 @@ class Projector:
     # ----------------------------------------------------------------- helpers
     @property
     def _dtype(self) -> torch.dtype:
+        """The dtype projections are computed in."""
+        if self._compute is not None:
+            return self._compute
         return next(iter(self.factors.values())).dtype if self.factors else torch.float32
 
     def _require_ready(self, what: str) -> None:
@@ -486,9 +501,20 @@ class Projector:
             raise ValueError(f"{self.name} projector was built for shape {self.shape}, got {tuple(grad.shape)}")
 
 
-def _transition(new: dict[int, torch.Tensor], old: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-    """B_k = F_newᵀ F_old per mode: what moves low-rank moments from the old basis to the new one."""
-    return {k: new[k].T @ old[k].to(new[k]) for k in new}
+def _transition(new: dict[int, torch.Tensor], old: dict[int, torch.Tensor],
+                dtype: torch.dtype) -> dict[int, torch.Tensor]:
+    """B_k = F_newᵀ F_old per mode, in the compute `dtype`: what moves low-rank moments from the old basis to the new
+    one."""
+    return {k: new[k].T.to(dtype) @ old[k].to(device=new[k].device, dtype=dtype) for k in new}
+
+
+def _stored_in_bf16(basis: Basis) -> Basis:
+    """`basis` with its pool stored in bfloat16 and its factor a view of the pool's first columns, as before: half the
+    pool's memory; p and 1/p keep their dtype."""
+    ((mode, factor),) = basis.factors.items()
+    vectors = basis.pool.vectors.to(torch.bfloat16)
+    pool = Pool(vectors, basis.pool.p, basis.pool.order)
+    return Basis({mode: vectors[:, : factor.shape[1]]}, basis.inv_p, basis.stats, pool)
 
 
 def _row_major(matrix: torch.Tensor) -> torch.Tensor:

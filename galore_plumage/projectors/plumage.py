@@ -54,7 +54,7 @@ class PlumageProjector(Projector):
             pool, factor = Pool(decomposition.factor(mode, slice(0, sigma.numel())), p).arranged(chosen)
         else:
             factor = decomposition.factor(mode, chosen.to(sigma.device))
-        inv_p = self._inv_p(chosen_p, sigma)
+        inv_p = self._inv_p(chosen_p, sigma.device, sigma.dtype)
         # max_inv_p in the stats is the estimator's own largest 1/p; "capped" counts the directions the cap cut
         stats = {"r_star": r_star, "min_p": chosen_p.min().item(), "max_inv_p": 1.0 / chosen_p.min().item()}
         if self.max_inv_p is not None:
@@ -67,10 +67,10 @@ class PlumageProjector(Projector):
         p = pool.canonical()
         chosen = systematic_sample(p, rank, generator)
         pool, factor = pool.arranged(chosen)
-        return {mode: factor}, self._inv_p(p[chosen], pool.vectors), pool
+        return {mode: factor}, self._inv_p(p[chosen], pool.vectors.device, self._dtype), pool
 
-    def _inv_p(self, chosen_p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    def _inv_p(self, chosen_p: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         inv_p = 1.0 / chosen_p
         if self.max_inv_p is not None:
             inv_p = inv_p.clamp(max=self.max_inv_p)
-        return inv_p.to(device=like.device, dtype=like.dtype)
+        return inv_p.to(device=device, dtype=dtype)

@@ -30,6 +30,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "resample_every": (["--resample_every", "5"], 5),
     "align_signs": (["--align_signs"], True),
     "pool_factor": (["--pool_factor", "3"], 3),
+    "pool_bf16": (["--pool_bf16"], True),
 }
 
 

@@ -49,6 +49,7 @@ OPTION_REFUSALS = [
       for bad in (-1, 1.5, True, "2", None)),
     ("svd", {"resample_every": 2}, "resample_every=2 draws PLUMAGE's sample again, but projector 'svd'"),
     *(("plumage", {"pool_factor": bad}, rf"pool_factor.*got {re.escape(repr(bad))}") for bad in (1, 2.5, True)),
+    ("svd", {"pool_bf16": True}, "pool_bf16=True stores PLUMAGE's pool .* 'svd'"),
     ("random", {"align_signs": True}, "align_signs=True .* 'random'"),
     ("svd", {"align_signs": 1}, "align_signs must be True or False, got 1"),
     ("plumage", {"solver": "qr"}, "'qr'"),

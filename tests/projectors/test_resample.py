@@ -9,6 +9,8 @@ schedule never draws on a refresh's step; and a draw is refused by projectors th
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -185,3 +187,54 @@ def test_a_checkpoint_with_a_copied_basis_resumes_the_same(spectral_matrix):
         twin.resample(2)
     assert torch.equal(twins[0].factors[mode], twins[1].factors[mode])
     assert torch.equal(twins[0].inv_p, twins[1].inv_p)
+
+
+# ----------------------------------------------------------------- pool_bf16
+def test_a_bfloat16_pool_draws_the_same_vectors_at_half_the_memory(spectral_matrix):
+    """pool_bf16 stores the pool (and the basis, a view of it) in bfloat16: the same draws, projections still in
+    float32 and within bfloat16's rounding (2⁻⁸ relative) of the float32 pool's, half the pool's bytes."""
+    g, *_ = spectral_matrix(M, N_COLS, SIGMA, seed=0, dtype=torch.float32)
+    full = _refreshed(g)
+    half = PlumageProjector(K, proj_type="right", update_proj_gap=10_000, seed=3, resample_every=1, pool_bf16=True)
+    half.refresh(g, 0)
+    for step in range(1, 6):
+        assert torch.equal(half.pool.order, full.pool.order)
+        assert half.pool.vectors.dtype == half.factors[1].dtype == torch.bfloat16
+        assert half.factors[1].untyped_storage().data_ptr() == half.pool.vectors.untyped_storage().data_ptr()
+        assert half.pool.vectors.nbytes * 2 == full.pool.vectors.nbytes
+        low = half.project(g)
+        assert low.dtype == half.inv_p.dtype == torch.float32
+        torch.testing.assert_close(low, full.project(g), rtol=0, atol=2**-8 * 2 * full.project(g).abs().max().item())
+        back = half.project_back(low)
+        assert back.dtype == torch.float32
+        torch.testing.assert_close(back, full.project_back(full.project(g)), rtol=0, atol=2**-7 * g.abs().max().item())
+        full.resample(step)
+        half.resample(step)
+        assert half.transition[1].dtype == torch.float32
+
+
+def test_a_bfloat16_pool_resumes_exactly():
+    """A checkpoint keeps the bfloat16 pool as it is: a resumed run repeats the uninterrupted one bit for bit."""
+    def build(model):
+        return PlumageAdamW([{"params": [model.weight], "rank": 4, "update_proj_gap": 5, "pool_bf16": True}], lr=1e-2)
+
+    torch.manual_seed(0)
+    model, twin = nn.Linear(16, 24, bias=False), nn.Linear(16, 24, bias=False)
+    optimizer = build(model)
+    inputs = torch.randn(30, 8, 16, generator=torch.Generator().manual_seed(1))
+
+    def step(net, opt, x):
+        opt.zero_grad()
+        net(x).square().mean().backward()
+        opt.step()
+
+    for x in inputs[:7]:
+        step(model, optimizer, x)
+    twin.load_state_dict(model.state_dict())
+    twin_optimizer = build(twin)
+    twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # as from torch.load: nothing shared
+    assert next(iter(twin_optimizer.state.values()))["projector"]["pool"]["vectors"].dtype == torch.bfloat16
+    for x in inputs[7:]:
+        step(model, optimizer, x)
+        step(twin, twin_optimizer, x)
+    assert torch.equal(model.weight, twin.weight)
