@@ -54,6 +54,11 @@ def test_conflicting_or_out_of_range_flags(capsys, argv, message):
     assert message in _error(capsys, argv, 2)
 
 
+def test_a_cap_for_lora_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match=r"--max_inv_p 3.0: .*'adamw' is full-rank"):
+        parse_config(["--peft", "lora", "--max_inv_p", "3"])
+
+
 def test_galore_flags_imply_the_optimizer():
     assert parse_config([]).optimizer == "adamw"
     assert parse_config(["--enable_galore"]).optimizer == "galore_adamw"

@@ -8,7 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from galore_plumage import GaLoreAdamW, PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit, build_optimizer
+from galore_plumage import (
+    GaLoreAdafactor,
+    GaLoreAdamW,
+    GaLoreAdamW8bit,
+    PlumageAdafactor,
+    PlumageAdamW,
+    PlumageAdamW8bit,
+    build_optimizer,
+)
 from galore_plumage.optimizers import PlumageSGDM
 
 
@@ -85,6 +93,29 @@ def test_four_dimensional_param_needs_tucker():
 def test_bad_hyper_parameters_are_named(cls, options, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         cls(_low_rank(_weight(8, 6)), **options)
+
+
+# Our options (optimizers/options.py) with a bad value, or where they do not apply, each refused with the message that
+# names why; tests/optimizers/test_options_table.py also runs every bad value of the table through groups and names.
+OPTION_REFUSALS = [
+    *((PlumageAdamW, {"row_bias_correction": bad}, "row_bias_correction must be True or False") for bad in ("yes", 1, None)),
+    *((cls, {"row_bias_correction": True, **extra}, r"row_bias_correction=True .*needs the adamw backend")
+      for cls, extra in ((GaLoreAdafactor, {"relative_step": False}), (GaLoreAdamW8bit, {}), (PlumageSGDM, {}))),
+    *((PlumageAdamW, {"sampled_step": bad}, r"sampled_step .*adaptive, norm_matched") for bad in ("fira", None, 1)),
+    *((GaLoreAdamW, {"max_inv_p": 2.0, "projector": name}, f"projector {name!r} does not rescale") for name in ("svd", "random")),
+]
+
+
+@pytest.mark.parametrize("cls, options, message", OPTION_REFUSALS,
+                         ids=[f"{cls.__name__}-{'-'.join(f'{k}={v!r}' for k, v in o.items())}" for cls, o, _ in OPTION_REFUSALS])
+def test_our_options_are_refused_where_bad_or_inapplicable(cls, options, message):
+    with pytest.raises(ValueError, match=message):
+        cls(_low_rank(_weight(8, 6)), lr=1e-2, **options)
+
+
+def test_a_cap_given_to_a_full_rank_optimizer_names_it():
+    with pytest.raises(ValueError, match=r"max_inv_p=2.0 .*'adamw' is full-rank; pick plumage_adamw"):
+        build_optimizer("adamw", nn.Sequential(nn.Linear(10, 8)), lr=1e-3, max_inv_p=2.0)
 
 
 @pytest.mark.parametrize("rank", [0, -3, 2.5])

@@ -9,9 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from galore_plumage import GaLoreAdafactor, GaLoreAdamW8bit, PlumageAdamW
 from galore_plumage.optimizers.adamw import AdamWBackend
-from galore_plumage.optimizers.sgdm import PlumageSGDM
 from galore_plumage.projectors import SVDProjector
 
 BETAS = (0.9, 0.999)
@@ -79,17 +77,3 @@ def _weight():
     return nn.Linear(10, 8, bias=False).weight
 
 
-@pytest.mark.parametrize("cls, options", [
-    (GaLoreAdafactor, {"relative_step": False}),
-    (GaLoreAdamW8bit, {}),
-    (PlumageSGDM, {}),
-])
-def test_backends_without_it_refuse_it_naming_the_backend(cls, options):
-    with pytest.raises(ValueError, match=r"row_bias_correction=True .*needs the adamw backend"):
-        cls([{"params": [_weight()], "rank": 2}], lr=1e-2, row_bias_correction=True, **options)
-
-
-@pytest.mark.parametrize("value", ["yes", 1, None])
-def test_a_non_boolean_is_refused(value):
-    with pytest.raises(ValueError, match=r"row_bias_correction must be True or False"):
-        PlumageAdamW([{"params": [_weight()], "rank": 2}], row_bias_correction=value)

@@ -108,12 +108,6 @@ def test_norm_matched_changes_a_plumage_run_and_keeps_its_limiter_state():
     assert state["sampled_norm"].dim() == 0 and torch.isfinite(state["sampled_norm"])
 
 
-@pytest.mark.parametrize("value", ["fira", None, 1])
-def test_unknown_sampled_step_is_refused_with_the_choices(value):
-    with pytest.raises(ValueError, match=r"sampled_step .*adaptive, norm_matched"):
-        PlumageAdamW([{"params": [_linear_model().weight], "rank": 4}], sampled_step=value)
-
-
 def test_the_flag_reaches_the_optimizer_and_none_means_no_cap():
     config = parse_config(["--sampled_step", "norm_matched", "--max_inv_p", "none"])
     options = optimizer_options(config)

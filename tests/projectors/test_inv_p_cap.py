@@ -13,7 +13,6 @@ import pytest
 import torch
 from torch import nn
 
-from galore_plumage.finetune.config import parse_config as parse_finetune_config
 from galore_plumage.optimizers import build_optimizer
 from galore_plumage.projectors import PlumageProjector, inclusion_probabilities
 from galore_plumage.training.config import parse_config
@@ -89,33 +88,6 @@ def test_optimizer_groups_carry_the_cap_to_their_projectors(tiny_mlp):
     projectors = list(optimizer._projectors.values())
     assert projectors and all(p.max_inv_p == CAP for p in projectors)
     assert all(bool((p.inv_p <= CAP).all()) for p in projectors)
-
-
-@pytest.mark.parametrize("name", ["galore_adamw", "flora_adamw"])
-def test_low_rank_optimizer_without_rescaling_refuses_the_cap(tiny_mlp, name):
-    with pytest.raises(ValueError, match="does not rescale"):
-        build_optimizer(name, tiny_mlp, lr=1e-3, rank=2, target_modules=("",), max_inv_p=CAP)
-
-
-def test_full_rank_optimizer_refuses_the_cap(tiny_mlp):
-    with pytest.raises(ValueError, match=r"max_inv_p=2.0 .*'adamw' is full-rank; pick plumage_adamw"):
-        build_optimizer("adamw", tiny_mlp, lr=1e-3, max_inv_p=CAP)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--optimizer", "adamw", "--max_inv_p", "3"], r"--max_inv_p 3.0: .*'adamw' is full-rank"),
-    (["--optimizer", "galore_adamw", "--max_inv_p", "3"], r"--max_inv_p 3.0: .*projector 'svd' does not rescale"),
-    (["--optimizer", "plumage_adamw", "--projector", "random", "--max_inv_p", "3"], r"projector 'random' does not"),
-    (["--optimizer", "plumage_adamw", "--max_inv_p", "0.5"], r"--max_inv_p 0.5: max_inv_p must be a number >= 1"),
-])
-def test_command_lines_refuse_a_cap_while_checking_flags(argv, message):
-    with pytest.raises(ValueError, match=message):
-        parse_config(argv)
-
-
-def test_run_glue_refuses_a_cap_for_lora():
-    with pytest.raises(ValueError, match=r"--max_inv_p 3.0: .*'adamw' is full-rank"):
-        parse_finetune_config(["--peft", "lora", "--max_inv_p", "3"])
 
 
 def test_command_line_flag_reaches_the_optimizer_options():

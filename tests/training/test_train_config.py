@@ -230,6 +230,10 @@ def test_proj_quant_is_refused():
     (["--lr", "inf"], "--lr must be a finite number, got inf"),
     (["--weight_decay", "nan"], "--weight_decay must be a finite number, got nan"),
     (["--galore_scale", "nan"], "--galore_scale must be a finite number, got nan"),
+    (["--optimizer", "adamw", "--max_inv_p", "3"], r"--max_inv_p 3.0: .*'adamw' is full-rank"),
+    (["--optimizer", "galore_adamw", "--max_inv_p", "3"], r"--max_inv_p 3.0: .*projector 'svd' does not rescale"),
+    (["--optimizer", "plumage_adamw", "--projector", "random", "--max_inv_p", "3"], r"projector 'random' does not"),
+    (["--optimizer", "plumage_adamw", "--max_inv_p", "0.5"], r"--max_inv_p 0.5: max_inv_p must be a number >= 1"),
 ])
 def test_out_of_range_values_name_the_flag(argv, message):
     with pytest.raises(ValueError, match=message):
