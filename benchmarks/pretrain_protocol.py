@@ -94,7 +94,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
        for label, optimizer, flags in (
            ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"]),
            ("plumage_cap1", "plumage_adamw", ["--galore_scale", "0.25", *plumage_flags(max_inv_p=1, resample_every=1)]))
-       for gap in (20, 100)},
+       for gap in (20, 100, 200)},
     # the default with twice GaLore's scale on the projected update (the other groups keep the lr)
     "plumage_cap1_scale05": ("plumage_adamw", ["--galore_scale", "0.5",
                                                *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
