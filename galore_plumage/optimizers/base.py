@@ -262,7 +262,7 @@ class LowRankOptimizer(Optimizer):
         if low_grad is None:
             if projector.due(state["step"]):
                 count = projector.refresh_count
-                if not self._refresh(param, projector, grad, group, state):
+                if not self._refresh(param, projector, grad, group, state, where, backend):
                     return
                 refreshed = projector.refresh_count > count
             low_grad = projector.project(grad)
@@ -274,13 +274,13 @@ class LowRankOptimizer(Optimizer):
         apply_update(weight, update, projector, backend.decay_first)
         resample_if_due(backend, state, group, projector)
 
-    def _refresh(self, param, projector: Projector, grad, group, state) -> bool:
-        """Refresh and realign; False when there is nothing sound to apply this step."""
+    def _refresh(self, param, projector: Projector, grad, group, state, where, backend: Backend) -> bool:
+        """Refresh (as the weight's placement `where` does it) and realign; False when there is nothing sound to apply
+        this step."""
         first = not projector.ready
-        where = self._placement(param)
         if where.refresh(projector, grad, param, state["step"]):
             if projector.transition is not None:
-                where.backend(self.backend, param).realign(state, projector, group["realign"])
+                backend.realign(state, projector, group["realign"])
             restart_limiter(state)
             if first and group["stagger"]:
                 projector.next_refresh = state["step"] + self._staggered_interval(param, projector.tau)

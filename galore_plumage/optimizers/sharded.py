@@ -198,8 +198,7 @@ class Sharding:
                 continue
             projector = optimizer.projector_for(param, group)
             if not projector.ready:
-                dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
-                projector.install_placeholder(tuple(param.shape), dtype, weight.device)
+                projector.install_placeholder(tuple(param.shape), weight)
             state["projector"] = projector.state_dict()
             low = projector.project(torch.zeros_like(weight))
             backend.update(state, low, where.group_for(group, backend, param, low), weight)

@@ -270,6 +270,7 @@ class Projector:
         if self.align_signs:
             basis.factors = {k: aligned_signs(f, old.get(k)) for k, f in basis.factors.items()}
         self.transition = None
+        self._compute = next(iter(basis.factors.values())).dtype
         if old:
             self.transition = _transition(basis.factors, old, self._compute)
             rho = sum(mean_principal_cosine(old[k], basis.factors[k]) for k in basis.factors)
@@ -277,7 +278,6 @@ class Projector:
             self.stats["rho"] = rho
             if self.adaptive_interval:
                 self.tau = next_interval(rho, self.tau, self.tau_min, self.tau_max)
-        self._compute = next(iter(basis.factors.values())).dtype
         if self.pool_bf16 and basis.pool is not None:
             basis = _stored_in_bf16(basis)
         self.factors, self.inv_p = basis.factors, basis.inv_p
@@ -330,9 +330,11 @@ class Projector:
         basis = self._new_basis(shaped, ranks, refresh_generator(self.seed, self.index, self.refresh_count))
         return self._install_or_skip(basis, shape, ranks, step)
 
-    def install_placeholder(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
-        """Install a basis with the real layout (factor shapes, 1/p, pool) and meaningless values: a state template
-        that a checkpoint is then loaded into (torch.distributed.checkpoint loads into existing tensors)."""
+    def install_placeholder(self, shape: tuple[int, ...], like: torch.Tensor) -> None:
+        """Install a basis with the real layout (factor shapes, 1/p, pool) for a gradient of `shape` and `like`'s dtype
+        and device, with meaningless values: a state template that a checkpoint is then loaded into
+        (torch.distributed.checkpoint loads into existing tensors)."""
+        dtype, device = _compute_dtype(like), like.device
         if not self.from_spectrum:
             self.refresh_seeded(shape, 0, dtype, device)
             return
@@ -460,10 +462,8 @@ class Projector:
     # ----------------------------------------------------------------- helpers
     @property
     def _dtype(self) -> torch.dtype:
-        """The dtype projections are computed in."""
-        if self._compute is not None:
-            return self._compute
-        return next(iter(self.factors.values())).dtype if self.factors else torch.float32
+        """The dtype projections are computed in (set by every install and load; float32 before any basis)."""
+        return self._compute if self._compute is not None else torch.float32
 
     def _require_ready(self, what: str) -> None:
         if not self.ready:
