@@ -141,10 +141,14 @@ def resample_if_due(backend: Backend, state: dict, group: dict, projector: Proje
 
 
 def apply_update(param: torch.Tensor, update: Update, projector: Projector | None, decay_first: bool) -> None:
+    """W ← W − step_size · project_back(Z), with the decoupled decay W ← W − decay · W before or after it (each its
+    own pass, in galore-torch's order, so its parity holds)."""
     if decay_first and update.decay:
         param.add_(param, alpha=-update.decay)
-    full = projector.project_back(update.direction) if projector is not None else update.direction
-    param.add_(full, alpha=-update.step_size)
+    if projector is not None:
+        projector.add_back(param, update.direction, -update.step_size)
+    else:
+        param.add_(update.direction, alpha=-update.step_size)
     if not decay_first and update.decay:
         param.add_(param, alpha=-update.decay)
 

@@ -249,7 +249,7 @@ class Projector:
         retried at the next call: a basis built from it would put NaN or noise into every later step.
         """
         self._check_shape(grad)
-        if not bool(torch.isfinite(grad).all()) or not bool(grad.any()):
+        if not finite_and_nonzero(grad):
             self.stats["skipped_refreshes"] += 1
             return False
         ranks = self._rank_per_mode or self._ranks(tuple(grad.shape))
@@ -397,6 +397,28 @@ class Projector:
             x = mode_product(x, factor.to(x.dtype), mode)
         return x * self.scale if self.scale != 1.0 else x
 
+    def add_back(self, target: torch.Tensor, low: torch.Tensor, alpha: float) -> None:
+        """target ← target + alpha · project_back(low), in place.
+
+        For a one-sided projection of a weight held in the compute dtype this is one addmm: the full-size update is
+        never written out, scaled and then added (three passes over a weight-sized tensor, a third to a half of a
+        steady step's time on a CPU, benchmarks/step_time.py). Other cases (Tucker, both sides, a bfloat16 weight)
+        compute project_back and add it."""
+        self._require_ready("add_back")
+        self._follow_device(low.device)
+        if len(self.factors) != 1 or target.dim() != 2 or target.dtype != low.dtype:
+            target.add_(self.project_back(low), alpha=alpha)
+            return
+        ((mode, factor),) = self.factors.items()
+        if self.inv_p is not None:
+            low = low * _along(self.inv_p, mode, 2)
+        factor = factor.to(low.dtype)  # a no-op unless the pool is stored in bfloat16
+        alpha *= self.scale
+        if mode == 0:
+            target.addmm_(factor, low, alpha=alpha)  # P Z: (m × r)(r × n)
+        else:
+            target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
+
     def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""
         if self.transition is None:
@@ -521,6 +543,16 @@ def _row_major(matrix: torch.Tensor) -> torch.Tensor:
     """A copy in row-major layout: the layout a checkpoint loads back into, so a resumed run multiplies with the very
     same memory layout (another layout rounds matmuls differently)."""
     return matrix.clone(memory_format=torch.contiguous_format)
+
+
+def finite_and_nonzero(grad: torch.Tensor) -> bool:
+    """True when every entry of `grad` is finite and one is not zero: one pass and one host sync (aminmax carries a
+    NaN or an infinity into its min or max), instead of the three of isfinite().all() and any()."""
+    if grad.numel() == 0:
+        return False
+    low, high = torch.aminmax(grad)
+    extremes = torch.stack([low, high])
+    return bool(torch.isfinite(extremes).all() & extremes.ne(0).any())
 
 
 def _compute_dtype(grad: torch.Tensor) -> torch.dtype:

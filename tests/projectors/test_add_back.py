@@ -1,0 +1,68 @@
+"""Projector.add_back, the optimizer's fused update W ← W + α · project_back(Z), and the one-pass gradient guard.
+
+add_back takes one addmm for a one-sided projection of a weight in the compute dtype; it must equal adding
+project_back's result for every projector and side, with PLUMAGE's 1/p and a bfloat16 pool, and fall back (same
+result) where it cannot fuse: both sides, Tucker, a bfloat16 weight.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from galore_plumage.projectors import build_projector
+from galore_plumage.projectors.base import finite_and_nonzero
+
+CASES = [
+    ("svd", "std", {}), ("svd", "reverse_std", {}), ("svd", "full", {}), ("random", "left", {}), ("random", "right", {}),
+    ("plumage", "left", {}), ("plumage", "right", {"max_inv_p": 3.0}),
+    ("plumage", "std", {"resample_every": 1, "pool_bf16": True}),
+]
+
+
+@pytest.mark.parametrize("name,proj_type,options", CASES)
+@pytest.mark.parametrize("shape", [(12, 30), (30, 12)])
+def test_add_back_equals_adding_project_back(name, proj_type, options, shape):
+    generator = torch.Generator().manual_seed(0)
+    grad = torch.randn(shape, generator=generator)
+    projector = build_projector(name, 4, proj_type=proj_type, scale=0.25, **options)
+    projector.refresh(grad, 0)
+    low = projector.project(grad)
+    weight = torch.randn(shape, generator=generator)
+    expected = weight + (-0.1) * projector.project_back(low)
+    projector.add_back(weight, low, -0.1)
+    torch.testing.assert_close(weight, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_add_back_to_a_bfloat16_weight_matches_the_unfused_update():
+    grad = torch.randn(12, 30, generator=torch.Generator().manual_seed(1))
+    projector = build_projector("plumage", 4, proj_type="left")
+    projector.refresh(grad, 0)
+    low = projector.project(grad)
+    weight = torch.randn(12, 30, generator=torch.Generator().manual_seed(2)).bfloat16()
+    expected = weight.clone().add_(projector.project_back(low), alpha=-0.1)
+    projector.add_back(weight, low, -0.1)
+    assert weight.dtype == torch.bfloat16
+    assert torch.equal(weight, expected)
+
+
+def test_add_back_before_a_basis_is_refused():
+    projector = build_projector("svd", 4)
+    with pytest.raises(RuntimeError, match="before any basis"):
+        projector.add_back(torch.zeros(8, 8), torch.zeros(4, 8), 1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_finite_and_nonzero(dtype):
+    grad = torch.randn(50, 7, generator=torch.Generator().manual_seed(3)).to(dtype)
+    assert finite_and_nonzero(grad)
+    assert not finite_and_nonzero(torch.zeros(50, 7, dtype=dtype))
+    assert not finite_and_nonzero(torch.zeros(0, 7, dtype=dtype))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for position in ((0, 0), (25, 3), (49, 6)):
+            broken = grad.clone()
+            broken[position] = bad
+            assert not finite_and_nonzero(broken), (bad, position)
+    lone = torch.zeros(50, 7, dtype=dtype)
+    lone[10, 2] = -1e-30 if dtype != torch.bfloat16 else -1e-3
+    assert finite_and_nonzero(lone)
