@@ -18,7 +18,7 @@ low-rank one, proj_type "std", for the low-rank optimizers) and given fixed, see
 
 Optimizers: torch.optim.AdamW; bitsandbytes AdamW8bit; galore-torch GaLoreAdamW, GaLoreAdafactor and
 GaLoreAdamW8bit; ours (optimizer_class(backend) with group keys) for projector svd / random / plumage ×
-backend adamw / adamw8bit / adafactor, svd and plumage with both solvers ("svd" and "gram"). One that
+backend adamw / adamw8bit / adafactor, svd and plumage with each solver ("svd", "gram", "gram64"). One that
 cannot be built or stepped here is reported n/a with the reason.
 
 How. Each optimizer gets its own copy of the weights; the gradients are shared (no optimizer writes to
@@ -143,7 +143,7 @@ def bnb_adamw8bit(params, rank, gap):
 
 def candidates() -> list[Candidate]:
     """Every optimizer timed, grouped by family; the SVD-based projectors with each solver."""
-    solvers = ("svd", "gram")
+    solvers = ("svd", "gram", "gram64")
     ours = [(projector, solver) for projector in ("svd", "random", "plumage")
             for solver in (solvers if projector != "random" else (None,))]
     full_rank: dict[str, Build] = {

@@ -115,8 +115,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("stagger", False, "spread the first refreshes over the interval so the SVDs do not all land on one step",
            check_bool("stagger"), ("no", 0)),
     Option("solver", "svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, galore-torch's "
-           "call) or 'gram' (eigh of the smaller Gram matrix: faster)", check_solver,
-           ("qr", None), to_projector=True, choices=SOLVERS),
+           "call), 'gram' (eigh of the smaller Gram matrix: faster) or 'gram64' (the same in float64: the most "
+           "accurate)", check_solver, ("qr", None), to_projector=True, choices=SOLVERS),
     Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
            "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", check_max_inv_p,
            (0.5, -1.0, math.nan, True, "3"), plumage=1.0, to_projector=True, parse=parse_cap, applies=_needs_rescaling),

@@ -2,8 +2,8 @@
 sharded refresh build their bases from.
 
     thin_svd      torch.linalg.svd as galore-torch calls it, retried in float64 on non-convergence
-    eigh_gram     eigenvectors and σ = √λ of a Gram matrix (G Gᵀ or Gᵀ G), the route of solver="gram" and of FSDP2
-    decompose     the solver's choice between the two, as a `Singular` (σ and a way to cut factors)
+    eigh_gram     eigenvectors and σ = √λ of a Gram matrix (G Gᵀ or Gᵀ G), the route of solver="gram"/"gram64" and of FSDP2
+    decompose     the solver's choice between them, as a `Singular` (σ and a way to cut factors)
 """
 
 from __future__ import annotations
@@ -41,15 +41,20 @@ def singular_factor(u: torch.Tensor, vh: torch.Tensor, mode: int, columns: torch
     return u[:, columns].clone() if mode == 0 else vh[columns].clone().T
 
 
-def gram_eigh(grad: torch.Tensor, mode: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def gram_eigh(grad: torch.Tensor, mode: int, precise: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Side-`mode` singular vectors and the singular values (descending) of `grad`, from its Gram matrix.
 
     G Gᵀ = U Σ² Uᵀ (mode 0), Gᵀ G = V Σ² Vᵀ (mode 1): one eigh of a min(m, n)² matrix instead of an SVD of G.
     Squaring loses the smallest singular values to rounding (clamped at 0); the top ones, which the
     projection keeps, are unaffected, and an eigenbasis is orthonormal, which is all PLUMAGE's
     unbiasedness needs. float64 retry as in thin_svd; None if eigh fails in both.
+
+    precise: form the Gram and solve in float64 (solver "gram64"). Squaring in float32 leaves σ below ~1e-3 σ₁ with
+    large relative errors, so PLUMAGE's p over a steep full spectrum are wrong (tests/projectors/test_solver_accuracy.py);
+    in float64 σ and p are more accurate than float32 SVD's, and the vectors too.
     """
-    gram = grad @ grad.T if mode == 0 else grad.T @ grad
+    source = grad.double() if precise else grad
+    gram = source @ source.T if mode == 0 else source.T @ source
     return eigh_gram(gram, grad.dtype)
 
 
@@ -87,11 +92,12 @@ class Singular(NamedTuple):
 def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singular | None:
     """Singular values of `grad` and a way to cut factors out of the singular vectors of the `modes` sides.
 
-    solver "gram" takes the eigh route when one side is projected and it is the smaller one (the usual
-    case: GaLore's std projects the smaller side); otherwise, and for solver "svd", torch.linalg.svd.
+    solver "gram" (float32) and "gram64" (float64) take the eigh route when one side is projected and it is the
+    smaller one (the usual case: GaLore's std projects the smaller side); otherwise, and for solver "svd",
+    torch.linalg.svd.
     """
-    if solver == "gram" and len(modes) == 1 and grad.shape[modes[0]] <= grad.shape[1 - modes[0]]:
-        result = gram_eigh(grad, modes[0])
+    if solver.startswith("gram") and len(modes) == 1 and grad.shape[modes[0]] <= grad.shape[1 - modes[0]]:
+        result = gram_eigh(grad, modes[0], precise=solver == "gram64")
         if result is None:
             return None
         vectors, sigma = result

@@ -40,11 +40,13 @@ def test_gram_route_only_for_a_single_smaller_side(spectral_matrix, monkeypatch)
     calls = []
     real_svd, real_gram = spectrum_module.thin_svd, spectrum_module.gram_eigh
     monkeypatch.setattr(spectrum_module, "thin_svd", lambda m: calls.append("svd") or real_svd(m))
-    monkeypatch.setattr(spectrum_module, "gram_eigh", lambda m, k: calls.append("gram") or real_gram(m, k))
-    for modes, expected in [((0,), "gram"), ((1,), "svd"), ((0, 1), "svd")]:
-        calls.clear()
-        decompose(g, modes, "gram")
-        assert calls == [expected], modes
+    monkeypatch.setattr(spectrum_module, "gram_eigh",
+                        lambda m, k, precise=False: calls.append("gram64" if precise else "gram") or real_gram(m, k))
+    for solver in ("gram", "gram64"):
+        for modes, expected in [((0,), solver), ((1,), "svd"), ((0, 1), "svd")]:
+            calls.clear()
+            decompose(g, modes, solver)
+            assert calls == [expected], (solver, modes)
     calls.clear()
     decompose(g, (0,), "svd")
     assert calls == ["svd"]
