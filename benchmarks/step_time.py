@@ -18,7 +18,9 @@ low-rank one, proj_type "std", for the low-rank optimizers) and given fixed, see
 
 Optimizers: torch.optim.AdamW; bitsandbytes AdamW8bit; galore-torch GaLoreAdamW, GaLoreAdafactor and
 GaLoreAdamW8bit; ours (optimizer_class(backend) with group keys) for projector svd / random / plumage ×
-backend adamw / adamw8bit / adafactor, svd and plumage with each solver ("svd", "gram", "gram64"). One that
+backend adamw / adamw8bit / adafactor, svd and plumage with each solver ("svd", "gram", "gram64"); "plumage" is the
+paper's estimator (κ = 0) and "plumage default" the plumage_* defaults (κ = 1: before every step a draw from the pool
+of the top 2r vectors, the moments carried to it). One that
 cannot be built or stepped here is reported n/a with the reason.
 
 How. Each optimizer gets its own copy of the weights; the gradients are shared (no optimizer writes to
@@ -52,6 +54,7 @@ import torch
 import galore_plumage
 from galore_plumage.optimizers import FAMILIES, optimizer_class
 from galore_plumage.optimizers.memory import state_bytes
+from galore_plumage.optimizers.options import option_defaults
 
 SIZES = {"60m": (512, 1376, 128), "130m": (768, 2048, 256), "350m": (1024, 2736, 256)}  # h, i, rank
 TAU = 200
@@ -125,8 +128,12 @@ def galore_torch_build(class_name: str, backend: str) -> Build:
     return build
 
 
-def ours_build(backend: str, projector: str, solver: str | None) -> Build:
+def ours_build(backend: str, projector: str, solver: str | None, default: bool = False) -> Build:
+    """Our optimizer with `projector`; default=True: with the plumage_* defaults (κ = 1: a draw from the pool of 2r
+    vectors, moments realigned, before every step), otherwise the generic defaults (κ = 0: the paper's estimator)."""
     extra = {"projector": projector, "realign": REALIGN[projector]} | ({"solver": solver} if solver else {})
+    if default:
+        extra = option_defaults("plumage") | extra
 
     def build(params, rank, gap):
         groups = low_rank_group(params, rank, gap, SCALE[projector], **extra)
@@ -160,6 +167,9 @@ def candidates() -> list[Candidate]:
         for projector, solver in ours:
             label = f"ours {projector}" + (f" ({solver})" if solver else "") + f" / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, projector, solver)))
+        for solver in ("svd", "gram"):
+            label = f"ours plumage default, κ = 1 ({solver}) / {backend}"
+            result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))
     return result
 
 

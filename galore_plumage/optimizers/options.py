@@ -132,7 +132,7 @@ OPTIONS: tuple[Option, ...] = (
            (1, 2.5, True, "3", None), to_projector=True, parse=int, applies=_needs_sampling),
     Option("pool_bf16", False, "plumage with resample_every > 0: store the pool (and the basis, a view of it) in bfloat16, "
            "so it takes the memory of GaLore's float32 basis at pool_factor 2; projections still run in float32",
-           check_bool("pool_bf16"), ("yes", 1, None), to_projector=True, applies=_needs_sampling),
+           check_bool("pool_bf16"), ("yes", 1, None), plumage=True, to_projector=True, applies=_needs_sampling),
     Option("align_signs", False, "svd/plumage/tucker: give each new singular vector the sign that agrees with the "
            "previous basis, so moments kept across a refresh (GaLore's) keep their direction and the run is the same "
            "on every device and LAPACK; off = galore-torch's bases exactly", check_bool("align_signs"),

@@ -206,6 +206,8 @@ class Projector:
         self.factors: dict[int, torch.Tensor] = {}
         self.inv_p: torch.Tensor | None = None
         self.transition: dict[int, torch.Tensor] | None = None  # set by the latest refresh that moved the basis
+        # after a draw from the pool: (mode, source row of each new row, new rows that entered), transport's gather
+        self._selection: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self.refresh_count = 0
         self.next_refresh = 0
         self.stats: dict[str, float] = {"refreshes": 0, "skipped_refreshes": 0, "tau": self.tau}
@@ -269,7 +271,7 @@ class Projector:
         old = self.factors
         if self.align_signs:
             basis.factors = {k: aligned_signs(f, old.get(k)) for k, f in basis.factors.items()}
-        self.transition = None
+        self.transition, self._selection = None, None
         self._compute = next(iter(basis.factors.values())).dtype
         if old:
             self.transition = _transition(basis.factors, old, self._compute)
@@ -364,10 +366,21 @@ class Projector:
         """Draw the basis again from the last refresh's pool (sets `transition`, as a refresh does)."""
         self.draws += 1
         generator = refresh_generator(self.seed, self.index, self.refresh_count - 1, self.draws)
-        old = self.factors
         ((mode, rank),) = self._rank_per_mode.items()
+        old_draw = self.pool.order[:rank]
         self.factors, self.inv_p, self.pool = self._draw(self.pool, generator, mode, rank)
-        self.transition = _transition(self.factors, old, self._dtype)
+        # Both draws are columns of one orthonormal pool, so B = F_newᵀ F_old is the 0/1 matrix that takes each kept
+        # vector's row to its new place (a vector that enters gets a zero row): built from the indices, exactly, and
+        # applied by transport as a gather instead of two r × r × n products per step
+        position = torch.full((self.pool.p.numel(),), -1, dtype=torch.long)
+        position[old_draw] = torch.arange(rank)
+        source = position[self.pool.order[:rank]]
+        device = self.factors[mode].device
+        kept = (source >= 0).nonzero().flatten()
+        transition = torch.zeros(rank, rank, dtype=self._dtype, device=device)
+        transition[kept.to(device), source[kept].to(device)] = 1.0
+        self.transition = {mode: transition}
+        self._selection = (mode, source.clamp(min=0).to(device), (source < 0).nonzero().flatten().to(device))
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 
@@ -423,6 +436,9 @@ class Projector:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""
         if self.transition is None:
             return low
+        if self._selection is not None:  # a draw from the pool: B selects rows (B∘B = B)
+            mode, source, entering = self._selection
+            return low.index_select(mode, source).index_fill_(mode, entering, 0)
         x = low
         for mode, b in self.transition.items():
             b = b.to(x.dtype)  # states keep their own dtype (8-bit and Adafactor states are float32 for float64 weights)
@@ -475,7 +491,7 @@ class Projector:
         if self.pool is not None:
             self._share_pool_storage()
         self.draws, self.next_resample = (pool["draws"], pool["next_resample"]) if pool is not None else (0, 0)
-        self.transition = None
+        self.transition, self._selection = None, None
         self._compute = getattr(torch, state["dtype"]) if self.factors else None
 
     def _regenerate(self, dtype: torch.dtype) -> dict[int, torch.Tensor]:

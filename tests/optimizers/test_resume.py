@@ -120,8 +120,12 @@ def test_load_keeps_fp32_and_uint8_state_for_bf16_weights(name, tmp_path):
     for p in _low_rank_params(resumed):
         state = resumed.state[p]
         assert p.dtype == torch.bfloat16
-        factors = resumed.projector_for(p, group).factors  # stored, or regenerated (flora) at load
-        assert factors and all(f.dtype == torch.float32 for f in factors.values())
+        projector = resumed.projector_for(p, group)
+        factors = projector.factors  # stored, or regenerated (flora) at load
+        # float32, or the saved dtype of a pool kept in bfloat16 (plumage's default; projections still in float32)
+        saved = torch.bfloat16 if projector.pool_bf16 and projector.pool is not None else torch.float32
+        assert factors and all(f.dtype == saved for f in factors.values())
+        assert projector.project(torch.ones(p.shape, dtype=torch.bfloat16)).dtype == torch.float32
         if "inv_p" in state["projector"]:
             assert state["projector"]["inv_p"].dtype == torch.float32
         moments = [v for k, v in state.items() if torch.is_tensor(v)]

@@ -238,3 +238,24 @@ def test_a_bfloat16_pool_resumes_exactly():
         step(model, optimizer, x)
         step(twin, twin_optimizer, x)
     assert torch.equal(model.weight, twin.weight)
+
+
+@pytest.mark.parametrize("side, bf16", [("left", False), ("right", False), ("right", True)])
+def test_a_draw_s_transition_is_the_product_of_the_bases_built_from_indices(spectral_matrix, side, bf16):
+    """A draw's B (a 0/1 matrix from the draw's indices, applied as a gather) is F_newᵀ F_old: to float32 rounding for
+    a float32 pool, and to bfloat16's for a bfloat16 one (its vectors are orthonormal to ~1e-2)."""
+    g, *_ = spectral_matrix(M, N_COLS, SIGMA, seed=4, dtype=torch.float32)
+    projector = PlumageProjector(K, proj_type=side, update_proj_gap=10_000, seed=5, resample_every=1, pool_bf16=bf16)
+    projector.refresh(g, 0)
+    ((mode, _),) = projector.factors.items()
+    tolerance = 2e-2 if bf16 else 1e-6
+    moments = torch.randn(K, N_COLS) if mode == 0 else torch.randn(M, K)
+    for step in range(1, 20):
+        old = projector.factors[mode].float()
+        projector.resample(step)
+        product = projector.factors[mode].float().T @ old
+        torch.testing.assert_close(projector.transition[mode], product, atol=tolerance, rtol=0)
+        dense = product @ moments if mode == 0 else moments @ product.T
+        torch.testing.assert_close(projector.transport(moments), dense, atol=tolerance * 10, rtol=0)
+        torch.testing.assert_close(projector.transport(moments, squared=True).abs(), dense.abs(), atol=tolerance * 10,
+                                   rtol=0)

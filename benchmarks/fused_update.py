@@ -1,0 +1,79 @@
+"""The fused low-rank update against the three passes it replaced: a by-hand A/B, not a test.
+
+The same optimizer (PlumageAdamW's default, solver "gram"; or GaLoreAdamW) steps one Llama layer's seven weights
+with no refresh, once with Projector.add_back (W += α·P Z in one addmm) and once with add_back replaced by the
+previous update (full = project_back(Z), scaled; then W.add_(full)). Steps of the two alternate, so drift hits both
+alike; each figure is the median over the reps.
+
+    python benchmarks/fused_update.py [--sizes 60m,130m,350m] [--reps 15] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_time import SIZES, layer_shapes, random_tensors  # noqa: E402 - benchmarks/ is on sys.path
+
+from galore_plumage import GaLoreAdamW, PlumageAdamW  # noqa: E402
+from galore_plumage.projectors import Projector  # noqa: E402
+
+
+def unfused(projector: Projector, target: torch.Tensor, low: torch.Tensor, alpha: float) -> None:
+    target.add_(projector.project_back(low), alpha=alpha)
+
+
+def build(cls, shapes, rank: int, fused: bool):
+    params = [torch.nn.Parameter(t) for t in random_tensors(shapes, torch.device("cpu"), seed=0, scale=0.02)]
+    optimizer = cls([{"params": params, "rank": rank, "update_proj_gap": 10**9, "solver": "gram"}], lr=1e-3)
+    return params, optimizer, fused
+
+
+def step(params, optimizer, fused, grads) -> float:
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    original = Projector.add_back
+    if not fused:
+        Projector.add_back = unfused
+    try:
+        start = time.perf_counter()
+        optimizer.step()
+        return time.perf_counter() - start
+    finally:
+        Projector.add_back = original
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="60m,130m,350m")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print("| size | optimizer | steady ms, three passes | steady ms, fused | fused / three passes |")
+    print("|---|---|---:|---:|---:|")
+    for size in args.sizes.split(","):
+        h, i, rank = SIZES[size]
+        shapes = list(layer_shapes(h, i).values())
+        grads = random_tensors(shapes, torch.device("cpu"), seed=1)
+        for cls in (GaLoreAdamW, PlumageAdamW):
+            arms = [build(cls, shapes, rank, fused) for fused in (False, True)]
+            for arm in arms:
+                step(*arm, grads)  # the first step builds the basis and the moments
+            times = {False: [], True: []}
+            for _ in range(args.reps):
+                for arm in arms:
+                    times[arm[2]].append(step(*arm, grads))
+            old, new = (statistics.median(times[f]) * 1e3 for f in (False, True))
+            print(f"| {size} | {cls.__name__} | {old:.2f} | {new:.2f} | {new / old:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
