@@ -26,15 +26,19 @@ from galore_plumage.training.fsdp import load_optimizer, save_optimizer
 
 STEPS, SAVE_AT, GAP, RANK, BATCH = 7, 4, 3, 8, 64
 # PLUMAGE-Adam at scale 1 (its default is GaLore's 0.25), so the weights move far past each tolerance in 7 updates
+# The float32 runs compare a sharded Gram eigh with one process's SVD: bases equal to float32 rounding, which a pool
+# stored in bfloat16 (PLUMAGE's default) would now and then turn into a bfloat16 rounding step (tests/device_helpers.py
+# says more); they keep the pool in float32. The float64 plumage_adamw run keeps the default bfloat16 pool.
+FP32_POOL = {"pool_bf16": False}
 OPTIONS = {
     "galore_adamw": {"lr": 1e-2, "weight_decay": 0.01},
     "plumage_adamw": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0},
     # 300: the uneven 37 x 8 low-rank state stays fp32, the 64 x 8 one (32 x 8 = one 256-block per rank) is 8-bit
-    "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 300, "scale": 1.0},
+    "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 300, "scale": 1.0, **FP32_POOL},
     "plumage_adamw8bit_fp32": {  # the same backend with every state kept fp32 (bitsandbytes' 32-bit kernel)
-       "lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 10**9, "scale": 1.0},
+       "lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 10**9, "scale": 1.0, **FP32_POOL},
     "plumage_adafactor": {"lr": 1e-2, "weight_decay": 0.01, "relative_step": False, "scale_parameter": True,
-                          "beta1": 0.9},
+                          "beta1": 0.9, **FP32_POOL},
     "flora_adamw": {"lr": 1e-2, "weight_decay": 0.01},
 }
 
