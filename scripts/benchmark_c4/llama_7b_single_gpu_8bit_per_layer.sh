@@ -4,11 +4,11 @@
 # checkpointing. Reproduces GaLore's single-GPU 7B recipe (8-bit GaLore-Adam per layer, batch 16 per step,
 # 512 sequences x 256 tokens per update, 150000 update steps, rank 1024) with the PLUMAGE projector at GaLore's
 # lr 5e-3 and scale 0.25, refresh every 200 steps (GaLore: SVD, lr 5e-3, scale 0.25, refresh every 500).
-# --resample_every 0: PLUMAGE's default draws anew before every update from a pool of the top 2r singular vectors,
-# which at rank 1024 keeps 3.5 GiB more state (224 weights x 4096 x 1024 float32) and does not fit 24 GiB;
-# with 0 the state is GaLore's. --max_inv_p 1 stays (no 1/p rescaling).
+# PLUMAGE's defaults: a draw before every update from a pool of the top 2r singular vectors, stored in bfloat16
+# (pool_bf16, the default since session 10), so the state is GaLore's plus r values of 1/p and 2r of p and order per
+# weight (before session 10 the pool was float32, 3.5 GiB more, and this script passed --resample_every 0 to fit).
 # Expected peak (benchmarks/peak_memory.py, docs/memory.md; counted on a CPU, not measured on a GPU): 22.6 GiB at
-# batch 16 (weights 12.55, 8-bit state 7.06, the largest gradient 0.24, checkpointed activations 2.33, the largest
+# batch 16 (weights 12.55, 8-bit state 7.07, the largest gradient 0.24, checkpointed activations 2.33, the largest
 # refresh SVD 0.40). GaLore reports 22.8 GB for its version on an RTX 4090. Batch 16 -> 32 accumulation steps.
 # No gradient clipping: per-layer updates step before a global gradient norm exists, so clipping is
 # refused in this mode (--grad_clipping 0 is passed explicitly).
@@ -28,7 +28,6 @@ torchrun --standalone --nproc_per_node "${NPROC:-1}" torchrun_main.py \
     --optimizer plumage_adamw8bit_per_layer \
     --activation_checkpointing \
     --rank 1024 \
-    --resample_every 0 \
     --lr 5e-3 \
     --galore_scale 0.25 \
     --update_proj_gap 200 \
