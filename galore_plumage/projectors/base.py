@@ -375,12 +375,12 @@ class Projector:
         position = torch.full((self.pool.p.numel(),), -1, dtype=torch.long)
         position[old_draw] = torch.arange(rank)
         source = position[self.pool.order[:rank]]
+        kept = source >= 0
+        transition = torch.zeros(rank, rank, dtype=self._dtype)
+        transition[kept, source[kept]] = 1.0
         device = self.factors[mode].device
-        kept = (source >= 0).nonzero().flatten()
-        transition = torch.zeros(rank, rank, dtype=self._dtype, device=device)
-        transition[kept.to(device), source[kept].to(device)] = 1.0
-        self.transition = {mode: transition}
-        self._selection = (mode, source.clamp(min=0).to(device), (source < 0).nonzero().flatten().to(device))
+        self.transition = {mode: transition.to(device)}
+        self._selection = (mode, source.clamp(min=0).to(device), (~kept).nonzero().flatten().to(device))
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 
@@ -414,9 +414,9 @@ class Projector:
         """target ← target + alpha · project_back(low), in place.
 
         For a one-sided projection of a weight held in the compute dtype this is one addmm: the full-size update is
-        never written out, scaled and then added (three passes over a weight-sized tensor, a third to a half of a
-        steady step's time on a CPU, benchmarks/step_time.py). Other cases (Tucker, both sides, a bfloat16 weight)
-        compute project_back and add it."""
+        never written out, scaled and then added (three passes over a weight-sized tensor; without them a steady step
+        takes 0.92–0.98× the time on a CPU, benchmarks/fused_update.py). Other cases (Tucker, both sides, a bfloat16
+        weight) compute project_back and add it."""
         self._require_ready("add_back")
         self._follow_device(low.device)
         if len(self.factors) != 1 or target.dim() != 2 or target.dtype != low.dtype:
