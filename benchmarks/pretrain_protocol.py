@@ -90,6 +90,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # the default with its pool stored in bfloat16 (--pool_bf16): GaLore's optimizer memory at the same rank
     "plumage_cap1_pool_bf16": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16",
                                                  *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
+    # ... the same flags run again at session 10's arithmetic (the update in one addmm, the draw's moments moved by a
+    # gather): a new label, so the cache does not hand back the runs of the older library under plumage_cap1_pool_bf16
+    "plumage_cap1_pool_bf16_fused": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16",
+                                                       *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),
     # ... and its refresh through solver="gram" (float32 eigh of the smaller Gram matrix, 3-4x faster than the SVD on
     # a CPU, exact over the pool: tests/projectors/test_solver_accuracy.py): the same quality is what issue 15 asks
     "plumage_cap1_pool_bf16_gram": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--solver", "gram",
