@@ -7,6 +7,7 @@ backend's plain full-rank update. For a low-rank weight W with gradient G, one s
     R = project(G)                          (r-dimensional side, fp32)
     Z, step_size, decay = backend(R)        (the backend owns and updates its moments on R)
     W ← W − step_size · project_back(Z)     (project_back applies `scale` and PLUMAGE's D⁻¹)
+    W ← W − |step_size| · φ ⊙ (G − P R)     (only with residual="norm_matched": Fira's complement, residual.py)
     W ← W − decay · W                       (decoupled; before the update for Adafactor, as galore-torch)
 
 The state of every parameter is plain tensors and numbers (the projector's included, under "projector"),
@@ -25,6 +26,7 @@ from ..projectors import Projector, build_projector, projector_spec
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .placement import WHOLE
 from .realign import check_rule
+from .residual import complement_weights
 from .sampled_step import norm_matched, restart_limiter
 
 try:  # FSDP2's sharded parameters; absent from torch builds without distributed support
@@ -68,6 +70,7 @@ class Update(NamedTuple):
     direction: torch.Tensor  # low-rank (or full-size) tensor Z
     step_size: float  # the weight moves by −step_size · project_back(Z)
     decay: float  # decoupled weight decay: W ← W − decay · W
+    complement: torch.Tensor | None = None  # φ of residual="norm_matched": W also moves by −|step_size| · φ ⊙ G⊥
 
 
 class Backend:
@@ -116,10 +119,17 @@ class Backend:
 
 
 def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group: dict, param: torch.Tensor,
-                    projector: Projector, total=lambda x: x) -> Update:
-    """The backend's update of a low-rank weight, its sampled rows moved as `group["sampled_step"]` says."""
+                    projector: Projector, total=lambda x: x, grad: torch.Tensor | None = None) -> Update:
+    """The backend's update of a low-rank weight, its sampled rows moved as `group["sampled_step"]` says, and the
+    complement's weights when `group["residual"]` moves the gradient outside the basis (it needs the full `grad`)."""
     modes = tuple(projector.factors)
     update = backend.update(state, low_grad, group, param, rows=modes[0] if len(modes) == 1 else None)
+    if group["residual"] != "none":
+        if grad is None:
+            raise ValueError(f"residual={group['residual']!r} moves the gradient outside the basis, so it needs the "
+                             "full gradient: step with grad=, not a projected low_grad")
+        (mode,) = modes
+        update = update._replace(complement=complement_weights(update.direction, low_grad, grad, mode, state, total))
     if group["sampled_step"] == "norm_matched" and projector.inv_p is not None:
         (mode,) = modes
         # the weight moves by −step_size · Z: a backend that returns the finished step (8-bit: step_size −1) has Z
@@ -140,13 +150,19 @@ def resample_if_due(backend: Backend, state: dict, group: dict, projector: Proje
         state["projector"] = projector.state_dict()
 
 
-def apply_update(param: torch.Tensor, update: Update, projector: Projector | None, decay_first: bool) -> None:
-    """W ← W − step_size · project_back(Z), with the decoupled decay W ← W − decay · W before or after it (each its
-    own pass, in galore-torch's order, so its parity holds)."""
+def apply_update(param: torch.Tensor, update: Update, projector: Projector | None, decay_first: bool,
+                 grad: torch.Tensor | None = None, low_grad: torch.Tensor | None = None) -> None:
+    """W ← W − step_size · project_back(Z) (and the complement −|step_size| · φ ⊙ (G − P R) when the update carries
+    φ), with the decoupled decay W ← W − decay · W before or after it (each its own pass, in galore-torch's order, so
+    its parity holds)."""
     if decay_first and update.decay:
         param.add_(param, alpha=-update.decay)
     if projector is not None:
         projector.add_back(param, update.direction, -update.step_size)
+        if update.complement is not None:
+            # |step_size|: a backend returning its finished step (8-bit: step_size −1) has Z pointing up the gradient,
+            # but φ is a ratio of norms, so the complement moves down the gradient either way
+            projector.add_complement(param, grad, low_grad, update.complement, -abs(update.step_size))
     else:
         param.add_(update.direction, alpha=-update.step_size)
     if not decay_first and update.decay:
@@ -216,11 +232,14 @@ class LowRankOptimizer(Optimizer):
         where = f"low-rank group {index}: "
         check_options({o.key: group[o.key] for o in OPTIONS}, where=where)
         # a row-bias correction switched on must fit this backend (the table's rule) and have one set of rows
-        if group["row_bias_correction"]:
-            check_options({"row_bias_correction": True}, backend.name, spec.cls, where)
-            if spec.tensors or group["proj_type"] == "full":
-                raise ValueError(f"row_bias_correction=True (low-rank group {index}) needs a one-sided projection; got "
-                                 f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop row_bias_correction")
+        # a row-bias correction or a residual switched on must fit this backend (the table's rule) and have one set of
+        # rows
+        for key, off in (("row_bias_correction", False), ("residual", "none")):
+            if group[key] != off:
+                check_options({key: group[key]}, backend.name, spec.cls, where)
+                if spec.tensors or group["proj_type"] == "full":
+                    raise ValueError(f"{key}={group[key]!r} (low-rank group {index}) needs a one-sided projection; got "
+                                     f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop {key}")
         # the projector validates rank, gap, scale, proj_type, and tau_max against the gap
         build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):
@@ -272,10 +291,11 @@ class LowRankOptimizer(Optimizer):
             low_grad = projector.project(grad)
         state["step"] += 1
         group = where.group_for(group, backend, param, low_grad)
-        update = low_rank_update(backend, state, low_grad, group, weight, projector, total=where.total_for(param))
+        update = low_rank_update(backend, state, low_grad, group, weight, projector, total=where.total_for(param),
+                                 grad=grad)
         for observe in self.step_observers:
             observe(param, projector, update, state, refreshed)
-        apply_update(weight, update, projector, backend.decay_first)
+        apply_update(weight, update, projector, backend.decay_first, grad, low_grad)
         resample_if_due(backend, state, group, projector)
 
     def _refresh(self, param, projector: Projector, grad, group, state, where, backend: Backend) -> bool:
@@ -299,8 +319,9 @@ class LowRankOptimizer(Optimizer):
         return tau - (order * tau) // len(low_rank)
 
     def needs_full_grad(self, param: torch.Tensor, group: dict) -> bool:
-        """True when the next step of `param` must see its full gradient (a refresh is due)."""
-        return "rank" not in group or self.projector_for(param, group).due(self.state[param].get("step", 0))
+        """True when the next step of `param` must see its full gradient (a refresh is due, or a residual reads it)."""
+        return ("rank" not in group or group["residual"] != "none"
+                or self.projector_for(param, group).due(self.state[param].get("step", 0)))
 
     def projector_for(self, param: torch.Tensor, group: dict) -> Projector:
         projector = self._projectors.get(param)

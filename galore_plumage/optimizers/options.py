@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
+from .residual import RESIDUALS
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
@@ -69,6 +70,13 @@ def _needs_sampling(backend: str, projector_cls) -> str | None:
 def _needs_singular_vectors(backend: str, projector_cls) -> str | None:
     if not projector_cls.signed:
         return f"it fixes the signs of singular vectors, but projector {projector_cls.name!r} does not use any"
+    return None
+
+
+def _needs_orthonormal_basis(backend: str, projector_cls) -> str | None:
+    if not projector_cls.signed:
+        return (f"it moves the gradient outside an orthonormal basis, but projector {projector_cls.name!r} does not make "
+                "one (its G − P Pᵀ G is not the complement)")
     return None
 
 
@@ -137,6 +145,11 @@ OPTIONS: tuple[Option, ...] = (
            "previous basis, so moments kept across a refresh (GaLore's) keep their direction and the run is the same "
            "on every device and LAPACK; off = galore-torch's bases exactly", check_bool("align_signs"),
            ("yes", 1, None), to_projector=True, applies=_needs_singular_vectors),
+    Option("residual", "none", "how the gradient outside the basis moves the weight: 'none' (GaLore, the paper: "
+           "dropped) or 'norm_matched' (Fira, arXiv 2410.01623: G − P R moves at the step size Adam gives each column "
+           "inside the basis, with Fira's norm-growth limiter; `scale` does not multiply it; needs the full gradient "
+           "at every step)", _check_choice("residual", RESIDUALS), ("fira", None, 1), choices=RESIDUALS,
+           applies=_needs_orthonormal_basis),
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
            "at a refresh starts at Adam's step size", check_bool("row_bias_correction"), ("yes", 1, None),
            applies=_needs_adamw),

@@ -82,6 +82,9 @@ class Sharding:
         if group["row_bias_correction"]:
             raise ValueError("row_bias_correction=True is not supported on FSDP2-sharded weights yet (its per-row "
                              "state is not laid out for sharded checkpoints); drop it or run without --fsdp")
+        if group["residual"] != "none":
+            raise ValueError(f"residual={group['residual']!r} is not supported on FSDP2-sharded weights yet; use "
+                             "residual='none' or run without --fsdp")
         if group["proj_type"] in ("left", "full"):
             raise ValueError(f"proj_type={group['proj_type']!r} projects the left side, which needs the rows of every "
                              "shard (G Gᵀ); FSDP2-sharded weights are projected on the right: use 'right' or 'std'")

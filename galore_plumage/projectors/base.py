@@ -432,6 +432,26 @@ class Projector:
         else:
             target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
 
+    def add_complement(self, target: torch.Tensor, grad: torch.Tensor, low: torch.Tensor, weights: torch.Tensor,
+                       alpha: float) -> None:
+        """target ← target + alpha · weights ⊙ (G − F R), in place: the gradient's part outside a one-sided basis F
+        (R = project(G)), weighted by `weights` (broadcast along the projected axis). G − F R is never written out:
+        one addcmul for weights ⊙ G, one addmm for F (weights ⊙ R). The basis's scale and 1/p do not enter."""
+        self._require_ready("add_complement")
+        if len(self.factors) != 1 or target.dim() != 2:
+            raise ValueError(f"add_complement needs a one-sided projection of a matrix; this projector has factors on "
+                             f"modes {sorted(self.factors)} of a {target.dim()}-D weight")
+        ((mode, factor),) = self.factors.items()
+        target.addcmul_(grad, weights.to(grad.dtype), value=alpha)
+        inside = low * weights
+        factor = factor.to(inside.dtype)  # a no-op unless the pool is stored in bfloat16
+        if target.dtype != inside.dtype:  # a bfloat16 weight: the float32 product, then rounded once
+            target.add_(mode_product(inside, factor, mode).to(target.dtype), alpha=-alpha)
+        elif mode == 0:
+            target.addmm_(factor, inside, alpha=-alpha)  # F (φ ⊙ R): (m × r)(r × n)
+        else:
+            target.addmm_(inside, factor.T, alpha=-alpha)  # (φ ⊙ R) Fᵀ: (m × r)(r × n)
+
     def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""
         if self.transition is None:

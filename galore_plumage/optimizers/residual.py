@@ -1,0 +1,49 @@
+"""The gradient outside the basis: dropped (GaLore, the paper), or moved at the basis's step size (Fira).
+
+A one-sided low-rank step moves the weight only inside span(P): the part of the gradient outside it, G⊥ = G − P R
+(R = Pᵀ G, P orthonormal), is lost until a refresh brings it in. The rules (`residual`):
+
+    none           G⊥ is dropped.
+    norm_matched   the weight also moves by −φ ⊙ G⊥, where φ = ‖Z‖ / ‖R‖ is measured per column of the other side
+                   on the backend's low-rank step Z and the projected gradient R (Fira's norm-based scaling, arXiv
+                   2410.01623): each column of G⊥ moves at the step size Adam gave the same column inside the
+                   basis, in the direction of its own gradient. As in Fira, `scale` multiplies the low-rank step only,
+                   and a norm-growth limiter keeps ‖φ ⊙ G⊥‖ within 1.01x its previous value (a loss spike cannot move
+                   the whole complement at once). Unlike Fira's code, which subtracts the *scaled* projection
+                   (G − scale · P R), G⊥ here is the exact complement: the basis's directions move by Adam's step
+                   alone. No state but one number per weight; G⊥ is never written out (projectors' add_complement).
+
+The basis's rows are all measured for φ (PLUMAGE's D⁻¹ rescales the low-rank step after φ is taken).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+RESIDUALS = ("none", "norm_matched")
+GROWTH_LIMIT = 1.01  # Fira's γ: the complement's step may grow by at most 1 % a step
+
+
+def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: torch.Tensor, mode: int, state: dict,
+                       total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> torch.Tensor:
+    """φ, shaped to broadcast along axis `mode` (the basis's axis): ‖Z‖ / ‖R‖ per column, limited in norm growth.
+
+    `state["residual_norm"]` keeps the previous ‖φ ⊙ G⊥‖ for the limiter; `total` sums a squared norm over the pieces
+    of a sharded tensor (identity for a whole one)."""
+    z_norm = direction.norm(dim=mode, keepdim=True)
+    r_norm_sq = low_grad.square().sum(dim=mode, keepdim=True)
+    r_norm = r_norm_sq.sqrt()
+    # a column with no gradient in the basis gives no step size to copy: its complement does not move (0 · ∞ is NaN)
+    phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
+    # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
+    outside_sq = (grad.to(low_grad.dtype).square().sum(dim=mode, keepdim=True) - r_norm_sq).clamp_min(0)
+    size = total((phi.square() * outside_sq).sum()).sqrt()
+    previous = state.get("residual_norm")
+    if previous is not None:  # tensor ops only: no host synchronisation in a steady step
+        limit = GROWTH_LIMIT * previous.to(size)
+        factor = torch.where((limit > 0) & (size > limit), limit / size, torch.ones_like(size))
+        phi, size = phi * factor, size * factor
+    state["residual_norm"] = size.detach().reshape(())
+    return phi
