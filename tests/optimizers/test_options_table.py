@@ -31,6 +31,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "align_signs": (["--align_signs"], True),
     "pool_factor": (["--pool_factor", "3"], 3),
     "pool_bf16": (["--pool_bf16"], True),
+    "residual": (["--residual", "norm_matched"], "norm_matched"),
 }
 
 

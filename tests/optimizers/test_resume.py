@@ -28,6 +28,9 @@ CONFIGS = {  # name -> options; min_8bit_size=64 puts these small tensors on the
     "plumage_adamw row_bias": {"lr": 1e-2, "weight_decay": 0.1, "row_bias_correction": True},
     # a draw between refreshes: the pool, the draw count and the next draw's step are state
     "plumage_adamw resample": {"lr": 1e-2, "weight_decay": 0.1, "sampled_step": "norm_matched", "resample_every": 1},
+    # Fira's complement: its limiter keeps the last norm
+    "plumage_adamw residual": {"lr": 1e-2, "weight_decay": 0.1, "residual": "norm_matched"},
+    "galore_adamw8bit residual": {"lr": 1e-2, "weight_decay": 0.1, "residual": "norm_matched", "min_8bit_size": 64},
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -149,7 +152,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
     assert set(low_rank_group) == {
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
         "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
-        "sampled_step", "row_bias_correction", "resample_every", "align_signs", "pool_factor", "pool_bf16",
+        "sampled_step", "row_bias_correction", "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}
@@ -164,7 +167,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
 
 def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
     """Group keys added since the first release (solver, max_inv_p, sampled_step, row_bias_correction, resample_every,
-    align_signs, pool_factor, pool_bf16) are missing
+    align_signs, pool_factor, pool_bf16, residual) are missing
     from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
@@ -177,7 +180,7 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     older = {"state": current["state"],
              "param_groups": [{k: v for k, v in g.items()
                                if k not in ("solver", "max_inv_p", "sampled_step", "row_bias_correction",
-                                            "resample_every", "align_signs", "pool_factor", "pool_bf16")}
+                                            "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual")}
                               for g in current["param_groups"]]}
     twins = []
     for state_dict in (current, older):

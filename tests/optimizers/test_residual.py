@@ -1,0 +1,186 @@
+"""residual='norm_matched' (Fira's complement): the gradient outside the basis moves at the basis's step size.
+
+Checked against the definition computed here by hand: the projector's fused add_complement against
+target + α · φ ⊙ (G − P Pᵀ G) written out; φ per column, its limiter and its zero-gradient columns; one optimizer step
+of GaLoreAdamW and PlumageAdamW against Adam's step plus the complement; the 8-bit backend moving the complement
+downhill; per-layer mode with accumulation equal to normal mode; and the cases refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
+from galore_plumage.optimizers.residual import GROWTH_LIMIT, complement_weights
+from galore_plumage.projectors import build_projector
+
+
+def _gradient(shape, seed=0, dtype=torch.float64):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _refreshed(name, shape, mode_dtype=torch.float64, **options):
+    projector = build_projector(name, 3, update_proj_gap=10, **options)
+    projector.refresh(_gradient(shape, 1, mode_dtype), 0)
+    return projector
+
+
+@pytest.mark.parametrize("shape", [(6, 9), (9, 6)], ids=["left", "right"])
+@pytest.mark.parametrize("name,options", [("svd", {}), ("plumage", {"max_inv_p": None}),
+                                          ("plumage", {"resample_every": 1, "pool_bf16": True})],
+                         ids=["svd", "plumage-paper", "plumage-bf16-pool"])
+def test_add_complement_adds_the_weighted_gradient_outside_the_basis(shape, name, options):
+    dtype = torch.float32 if options.get("pool_bf16") else torch.float64
+    projector = _refreshed(name, shape, dtype, **options)
+    grad = _gradient(shape, 2, dtype)
+    low = projector.project(grad)
+    ((mode, factor),) = projector.factors.items()
+    weights = _gradient(low.norm(dim=mode, keepdim=True).shape, 3, dtype).abs()
+    basis = factor.to(dtype)
+    inside = basis @ basis.T @ grad if mode == 0 else grad @ basis @ basis.T
+    target = _gradient(shape, 4, dtype)
+    expected = target + 0.3 * weights * (grad - inside)
+    projector.add_complement(target, grad, low, weights, 0.3)
+    torch.testing.assert_close(target, expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
+
+
+def test_add_complement_on_a_bfloat16_weight_rounds_once():
+    projector = _refreshed("svd", (6, 9), torch.float32)
+    grad = _gradient((6, 9), 2, torch.float32)
+    low = projector.project(grad)
+    weights = torch.rand(1, 9, generator=torch.Generator().manual_seed(3))
+    target = torch.zeros(6, 9, dtype=torch.bfloat16)
+    projector.add_complement(target, grad.bfloat16(), low, weights, 1.0)
+    outside = grad - projector.factors[0] @ low
+    torch.testing.assert_close(target.float(), weights * outside, rtol=0.02, atol=0.02)
+
+
+def test_weights_are_the_column_ratio_of_step_to_gradient_norms():
+    z, low, grad = _gradient((4, 7), 5), _gradient((4, 7), 6), _gradient((10, 7), 7)
+    low[:, 2] = 0  # a column with no gradient inside the basis: nothing to copy, its complement stays put
+    state = {}
+    phi = complement_weights(z, low, grad, 0, state)
+    expected = z.norm(dim=0) / low.norm(dim=0)
+    expected[2] = 0
+    torch.testing.assert_close(phi, expected.view(1, -1), rtol=1e-12, atol=0)
+    outside_sq = (grad.square().sum(dim=0) - low.square().sum(dim=0)).clamp_min(0)
+    torch.testing.assert_close(state["residual_norm"], (expected.square() * outside_sq).sum().sqrt(), rtol=1e-12, atol=0)
+    right = complement_weights(z.T, low.T, grad.T, 1, {})  # the right side: φ per row
+    torch.testing.assert_close(right, expected.view(-1, 1), rtol=1e-12, atol=0)
+
+
+def test_the_limiter_lets_the_complement_grow_by_at_most_one_percent_a_step():
+    z, low, grad = _gradient((4, 7), 5), _gradient((4, 7), 6), _gradient((10, 7), 7)
+    state = {}
+    first = complement_weights(z, low, grad, 0, state)
+    size = state["residual_norm"].clone()
+    limited = complement_weights(10 * z, low, grad, 0, state)  # Adam's step 10x as long: φ would grow 10x
+    torch.testing.assert_close(state["residual_norm"], GROWTH_LIMIT * size, rtol=1e-12, atol=0)
+    torch.testing.assert_close(limited, GROWTH_LIMIT * first, rtol=1e-12, atol=0)  # one factor for every column
+    shrunk = complement_weights(0.1 * z, low, grad, 0, state)  # shrinking is never limited
+    torch.testing.assert_close(shrunk, 0.1 * first, rtol=1e-12, atol=0)
+
+
+def test_a_zero_previous_norm_does_not_freeze_the_complement():
+    z, low, grad = _gradient((4, 7), 5), _gradient((4, 7), 6), _gradient((10, 7), 7)
+    state = {"residual_norm": torch.zeros((), dtype=torch.float64)}
+    assert complement_weights(z, low, grad, 0, state).abs().sum() > 0
+
+
+@pytest.mark.parametrize("cls,extra", [(GaLoreAdamW, {}), (PlumageAdamW, {"max_inv_p": None, "resample_every": 0})],
+                         ids=["galore", "plumage-paper"])
+def test_one_step_is_adams_step_in_the_basis_plus_the_scaled_complement(cls, extra):
+    weight = nn.Parameter(_gradient((8, 12), 8))
+    start = weight.detach().clone()
+    grad = _gradient((8, 12), 9)
+    weight.grad = grad.clone()
+    optimizer = cls([{"params": [weight], "rank": 3, "update_proj_gap": 10, "scale": 0.25,
+                      "residual": "norm_matched", **extra}], lr=0.1)
+    optimizer.step()
+    projector = optimizer._projectors[weight]
+    ((mode, basis),) = projector.factors.items()
+    assert mode == 0
+    low = basis.T @ grad
+    adam = (0.1 * low) / ((0.001 * low.square()).sqrt() + 1e-6)  # M / (√V + ε) after one step
+    step_size = 0.1 * math.sqrt(1 - 0.999) / (1 - 0.9)
+    inv_p = projector.inv_p.view(-1, 1) if projector.inv_p is not None else 1.0
+    phi = adam.norm(dim=0, keepdim=True) / low.norm(dim=0, keepdim=True)
+    expected = start - step_size * (0.25 * basis @ (inv_p * adam) + phi * (grad - basis @ low))
+    torch.testing.assert_close(weight.detach(), expected, rtol=1e-10, atol=1e-12)
+    # and the complement is what residual='none' leaves out: the step has a part outside span(P)
+    moved = weight.detach() - start
+    assert (moved - basis @ basis.T @ moved).norm() > 0.1 * moved.norm()
+
+
+def test_the_eight_bit_backend_moves_the_complement_downhill():
+    grad = torch.randn(64, 96, generator=torch.Generator().manual_seed(0))
+    moves = {}
+    for residual in ("none", "norm_matched"):
+        torch.manual_seed(0)
+        model = nn.Module()
+        model.attn = nn.Linear(96, 64, bias=False)
+        start = model.attn.weight.detach().clone()
+        model.attn.weight.grad = grad.clone()
+        optimizer = build_optimizer("galore_adamw8bit", model, lr=1e-2, rank=8, update_proj_gap=10, min_8bit_size=64,
+                                    residual=residual)
+        optimizer.step()
+        moves[residual] = model.attn.weight.detach() - start
+    complement = moves["norm_matched"] - moves["none"]  # the 8-bit backend returns its finished step (step_size −1)
+    cosine = (complement * grad).sum() / (complement.norm() * grad.norm())
+    assert cosine < -0.5, cosine
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.Linear(24, 16)
+        self.mlp = nn.Linear(16, 20)
+
+    def forward(self, x):
+        return self.mlp(torch.tanh(self.attn(x)))
+
+
+def test_per_layer_accumulation_with_the_complement_equals_normal_mode():
+    accumulation, updates = 3, 5
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(Tiny().double())
+    options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 2, "residual": "norm_matched"}
+    normal = build_optimizer("plumage_adamw", models[0], **options)
+    per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(updates):
+        batches = [(torch.randn(5, 24, generator=generator, dtype=torch.float64),
+                    torch.randn(5, 20, generator=generator, dtype=torch.float64)) for _ in range(accumulation)]
+        for model in models:
+            for x, y in batches:
+                (nn.functional.mse_loss(model(x), y) / accumulation).backward()
+        normal.step()
+        normal.zero_grad()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"projector": "random"}, "orthonormal basis"),
+    ({"projector": "tucker"}, "one-sided projection"),
+    ({"proj_type": "full"}, "one-sided projection"),
+    ({"residual": "fira"}, "unknown residual 'fira'"),
+])
+def test_refused_where_the_complement_is_not_defined(options, message):
+    weight = nn.Parameter(torch.randn(8, 12))
+    with pytest.raises(ValueError, match=message):
+        GaLoreAdamW([{"params": [weight], "rank": 3, "residual": "norm_matched", **options}])
+
+
+def test_a_projected_gradient_alone_is_refused():
+    weight = nn.Parameter(torch.randn(8, 12))
+    optimizer = GaLoreAdamW([{"params": [weight], "rank": 3, "residual": "norm_matched"}])
+    optimizer.step_param(weight, optimizer.param_groups[0], grad=torch.randn(8, 12))
+    with pytest.raises(ValueError, match="needs the full gradient"):
+        optimizer.step_param(weight, optimizer.param_groups[0], low_grad=torch.randn(3, 12))
