@@ -48,7 +48,8 @@ class Pool:
     (dim × K) and their inclusion probabilities (K, float64 on the CPU, Σp = rank).
 
     Stored with the current draw's r vectors first, so the basis is the view vectors[:, :r] and costs no memory of
-    its own; `order` gives each stored column's place in the descending-σ order the draws are made in."""
+    its own; `order` gives each stored column's place in the descending-σ order the draws are made in. A draw
+    rearranges the pool in place (swap_in), so a view of the basis taken before a draw follows it."""
 
     vectors: torch.Tensor
     p: torch.Tensor
@@ -75,6 +76,23 @@ class Pool:
         columns = stored_at[new_order]
         pool = Pool(self.vectors[:, columns.to(self.vectors.device)], self.p[columns], new_order)
         return pool, pool.vectors[:, : chosen.numel()]
+
+    def swap_in(self, chosen: torch.Tensor) -> torch.Tensor:
+        """Make the `chosen` vectors (descending-σ indices, as many as the basis holds) the first stored ones, in
+        place: a vector already among the first keeps its column, and each one that enters swaps columns with one
+        that leaves. Only the columns that change are copied (arranged() copies the whole pool). Returns the
+        columns that changed vector (CPU): the rows whose moments start again from zero."""
+        rank = chosen.numel()
+        wanted = torch.zeros(self.order.numel(), dtype=torch.bool)
+        wanted[chosen] = True
+        leaving = (~wanted[self.order[:rank]]).nonzero().flatten()
+        entering = rank + wanted[self.order[rank:]].nonzero().flatten()
+        columns, sources = torch.cat([leaving, entering]), torch.cat([entering, leaving])
+        device = self.vectors.device
+        self.vectors[:, columns.to(device)] = self.vectors[:, sources.to(device)]  # the right side is gathered first
+        self.p[columns] = self.p[sources]
+        self.order[columns] = self.order[sources]
+        return leaving
 
 
 def projected_modes(shape: torch.Size | tuple[int, ...], proj_type: str) -> tuple[int, ...]:
@@ -206,8 +224,8 @@ class Projector:
         self.factors: dict[int, torch.Tensor] = {}
         self.inv_p: torch.Tensor | None = None
         self.transition: dict[int, torch.Tensor] | None = None  # set by the latest refresh that moved the basis
-        # after a draw from the pool: (mode, source row of each new row, new rows that entered), transport's gather
-        self._selection: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        # after a draw from the pool: (mode, the rows whose vector changed), what transport zeroes
+        self._selection: tuple[int, torch.Tensor] | None = None
         self.refresh_count = 0
         self.next_refresh = 0
         self.stats: dict[str, float] = {"refreshes": 0, "skipped_refreshes": 0, "tau": self.tau}
@@ -367,25 +385,21 @@ class Projector:
         self.draws += 1
         generator = refresh_generator(self.seed, self.index, self.refresh_count - 1, self.draws)
         ((mode, rank),) = self._rank_per_mode.items()
-        old_draw = self.pool.order[:rank]
-        self.factors, self.inv_p, self.pool = self._draw(self.pool, generator, mode, rank)
-        # Both draws are columns of one orthonormal pool, so B = F_newᵀ F_old is the 0/1 matrix that takes each kept
-        # vector's row to its new place (a vector that enters gets a zero row): built from the indices, exactly, and
-        # applied by transport as a gather instead of two r × r × n products per step
-        position = torch.full((self.pool.p.numel(),), -1, dtype=torch.long)
-        position[old_draw] = torch.arange(rank)
-        source = position[self.pool.order[:rank]]
-        kept = source >= 0
-        transition = torch.zeros(rank, rank, dtype=self._dtype)
-        transition[kept, source[kept]] = 1.0
+        self.factors, self.inv_p, entering = self._draw(self.pool, generator, mode, rank)
+        # Both draws are columns of one orthonormal pool and a vector drawn again keeps its column, so
+        # B = F_newᵀ F_old is the identity but for a zero row (and column) at each column whose vector changed: built
+        # from the indices, exactly, and applied by transport as a fill instead of two r × r × n products per step
+        transition = torch.eye(rank, dtype=self._dtype)
+        transition[entering, entering] = 0.0
         device = self.factors[mode].device
         self.transition = {mode: transition.to(device)}
-        self._selection = (mode, source.clamp(min=0).to(device), (~kept).nonzero().flatten().to(device))
+        self._selection = (mode, entering.to(device))
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 
     def _draw(self, pool: Pool, generator: torch.Generator, mode: int,
-              rank: int) -> tuple[dict[int, torch.Tensor], torch.Tensor, Pool]:
+              rank: int) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
+        """Draw `rank` vectors from `pool` (rearranging it in place): the basis, its 1/p, the columns that changed."""
         raise NotImplementedError(f"projector {self.name!r} does not resample")
 
     # ----------------------------------------------------------------- the maps
@@ -456,9 +470,9 @@ class Projector:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""
         if self.transition is None:
             return low
-        if self._selection is not None:  # a draw from the pool: B selects rows (B∘B = B)
-            mode, source, entering = self._selection
-            return low.index_select(mode, source).index_fill_(mode, entering, 0)
+        if self._selection is not None:  # a draw from the pool: B is the identity with the entering rows zeroed (B∘B = B)
+            mode, entering = self._selection
+            return low.index_fill(mode, entering, 0)
         x = low
         for mode, b in self.transition.items():
             b = b.to(x.dtype)  # states keep their own dtype (8-bit and Adafactor states are float32 for float64 weights)

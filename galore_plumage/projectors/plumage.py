@@ -62,12 +62,11 @@ class PlumageProjector(Projector):
         return Basis({mode: factor}, inv_p=inv_p, stats=stats, pool=pool)
 
     def _draw(self, pool, generator, mode, rank):
-        """`rank` of the pool's vectors drawn with its probabilities (side `mode`), their 1/p (capped), and the pool
-        stored with them first (the basis is a view of it)."""
-        p = pool.canonical()
-        chosen = systematic_sample(p, rank, generator)
-        pool, factor = pool.arranged(chosen)
-        return {mode: factor}, self._inv_p(p[chosen], pool.vectors.device, self._dtype), pool
+        """`rank` of the pool's vectors drawn with its probabilities (side `mode`), swapped in place into the pool's
+        first columns (the basis is a view of them); their 1/p (capped) in column order; the columns that changed."""
+        chosen = systematic_sample(pool.canonical(), rank, generator)
+        entering = pool.swap_in(chosen)
+        return {mode: pool.vectors[:, :rank]}, self._inv_p(pool.p[:rank], pool.vectors.device, self._dtype), entering
 
     def _inv_p(self, chosen_p: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         inv_p = 1.0 / chosen_p
