@@ -40,6 +40,8 @@ OPTIONS = {
     "plumage_adafactor": {"lr": 1e-2, "weight_decay": 0.01, "relative_step": False, "scale_parameter": True,
                           "beta1": 0.9, **FP32_POOL},
     "flora_adamw": {"lr": 1e-2, "weight_decay": 0.01},
+    # Fira's complement on row shards (projected on the right): φ per row is local, the limiter's norm is summed
+    "plumage_adamw_residual": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0, "residual": "norm_matched"},
 }
 
 
@@ -86,7 +88,7 @@ def build(name: str, wide: bool, sharded: bool, proj_type: str):
     # float64: the reference takes the same eigh-of-Gram route; float32: torch.linalg.svd, whose rounding-level
     # singular values stay at ε·σ₁ (the sharded route zeroes them: spectrum.eigh_gram's noise floor)
     solver = "gram" if dtype == torch.float64 else "svd"
-    optimizer = build_optimizer(name.removesuffix("_fp32"), model, rank=RANK, update_proj_gap=GAP, proj_type=proj_type,
+    optimizer = build_optimizer(name.removesuffix("_fp32").removesuffix("_residual"), model, rank=RANK, update_proj_gap=GAP, proj_type=proj_type,
                                 solver=solver, **OPTIONS[name])
     return model, optimizer
 

@@ -47,3 +47,9 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
         phi, size = phi * factor, size * factor
     state["residual_norm"] = size.detach().reshape(())
     return phi
+
+
+def add_placeholder(state: dict, like: torch.Tensor) -> None:
+    """The state the complement keeps (its limiter's last norm) at a placeholder value, in `like`'s dtype and device:
+    what a fresh optimizer needs to be a template for torch.distributed.checkpoint.load."""
+    state["residual_norm"] = torch.zeros((), dtype=like.dtype, device=like.device)

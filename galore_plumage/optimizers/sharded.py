@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
 from ..projectors import projected_modes, projector_spec
+from .residual import add_placeholder as add_residual_placeholder
 from .placement import WHOLE
 
 
@@ -82,9 +83,6 @@ class Sharding:
         if group["row_bias_correction"]:
             raise ValueError("row_bias_correction=True is not supported on FSDP2-sharded weights yet (its per-row "
                              "state is not laid out for sharded checkpoints); drop it or run without --fsdp")
-        if group["residual"] != "none":
-            raise ValueError(f"residual={group['residual']!r} is not supported on FSDP2-sharded weights yet; use "
-                             "residual='none' or run without --fsdp")
         if group["proj_type"] in ("left", "full"):
             raise ValueError(f"proj_type={group['proj_type']!r} projects the left side, which needs the rows of every "
                              "shard (G Gᵀ); FSDP2-sharded weights are projected on the right: use 'right' or 'std'")
@@ -205,6 +203,8 @@ class Sharding:
             state["projector"] = projector.state_dict()
             low = projector.project(torch.zeros_like(weight))
             backend.update(state, low, where.group_for(group, backend, param, low), weight)
+            if group["residual"] != "none":
+                add_residual_placeholder(state, low)
 
     def _params(self):
         return [(p, group) for group in self.optimizer.param_groups for p in group["params"]]
