@@ -23,6 +23,7 @@ import torch
 from torch.optim import Optimizer
 
 from ..projectors import Projector, build_projector, projector_spec
+from ..projectors.base import Outside
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .placement import WHOLE
 from .realign import check_rule
@@ -158,11 +159,11 @@ def apply_update(param: torch.Tensor, update: Update, projector: Projector | Non
     if decay_first and update.decay:
         param.add_(param, alpha=-update.decay)
     if projector is not None:
-        projector.add_back(param, update.direction, -update.step_size)
-        if update.complement is not None:
-            # |step_size|: a backend returning its finished step (8-bit: step_size −1) has Z pointing up the gradient,
-            # but φ is a ratio of norms, so the complement moves down the gradient either way
-            projector.add_complement(param, grad, low_grad, update.complement, -abs(update.step_size))
+        # |step_size|: a backend returning its finished step (8-bit: step_size −1) has Z pointing up the gradient, but
+        # φ is a ratio of norms, so the complement moves down the gradient either way
+        outside = (None if update.complement is None
+                   else Outside(grad, low_grad, update.complement, -abs(update.step_size)))
+        projector.add_back(param, update.direction, -update.step_size, outside)
     else:
         param.add_(update.direction, alpha=-update.step_size)
     if not decay_first and update.decay:

@@ -11,7 +11,7 @@ A one-sided low-rank step moves the weight only inside span(P): the part of the 
                    and a norm-growth limiter keeps ‖φ ⊙ G⊥‖ within 1.01x its previous value (a loss spike cannot move
                    the whole complement at once). Unlike Fira's code, which subtracts the *scaled* projection
                    (G − scale · P R), G⊥ here is the exact complement: the basis's directions move by Adam's step
-                   alone. No state but one number per weight; G⊥ is never written out (projectors' add_complement).
+                   alone. No state but one number per weight; G⊥ is never written out (Projector.add_back with an Outside).
 
 The basis's rows are all measured for φ (PLUMAGE's D⁻¹ rescales the low-rank step after φ is taken).
 """
@@ -38,7 +38,8 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
     # a column with no gradient in the basis gives no step size to copy: its complement does not move (0 · ∞ is NaN)
     phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
     # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
-    outside_sq = (grad.to(low_grad.dtype).square().sum(dim=mode, keepdim=True) - r_norm_sq).clamp_min(0)
+    grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # one pass, no temporary
+    outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
     size = total((phi.square() * outside_sq).sum()).sqrt()
     previous = state.get("residual_norm")
     if previous is not None:  # tensor ops only: no host synchronisation in a steady step

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -93,6 +93,16 @@ class Pool:
         self.p[columns] = self.p[sources]
         self.order[columns] = self.order[sources]
         return leaving
+
+
+class Outside(NamedTuple):
+    """The gradient's part outside a one-sided basis F, weighted, for add_back: alpha · weights ⊙ (G − F R), with
+    R = project(G) and `weights` broadcast along the projected axis (optimizers/residual.py makes them)."""
+
+    grad: torch.Tensor
+    low_grad: torch.Tensor
+    weights: torch.Tensor
+    alpha: float
 
 
 def projected_modes(shape: torch.Size | tuple[int, ...], proj_type: str) -> tuple[int, ...]:
@@ -424,8 +434,8 @@ class Projector:
             x = mode_product(x, factor.to(x.dtype), mode)
         return x * self.scale if self.scale != 1.0 else x
 
-    def add_back(self, target: torch.Tensor, low: torch.Tensor, alpha: float) -> None:
-        """target ← target + alpha · project_back(low), in place.
+    def add_back(self, target: torch.Tensor, low: torch.Tensor, alpha: float, outside: Outside | None = None) -> None:
+        """target ← target + alpha · project_back(low), in place; with `outside`, also + β · w ⊙ (G − F R).
 
         For a one-sided projection of a weight held in the compute dtype this is one addmm: the full-size update is
         never written out, scaled and then added (three passes over a weight-sized tensor; without them a steady step
@@ -433,6 +443,9 @@ class Projector:
         weight) compute project_back and add it."""
         self._require_ready("add_back")
         self._follow_device(low.device)
+        if outside is not None:
+            self._add_back_and_outside(target, low, alpha, outside)
+            return
         if len(self.factors) != 1 or target.dim() != 2 or target.dtype != low.dtype:
             target.add_(self.project_back(low), alpha=alpha)
             return
@@ -446,25 +459,24 @@ class Projector:
         else:
             target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
 
-    def add_complement(self, target: torch.Tensor, grad: torch.Tensor, low: torch.Tensor, weights: torch.Tensor,
-                       alpha: float) -> None:
-        """target ← target + alpha · weights ⊙ (G − F R), in place: the gradient's part outside a one-sided basis F
-        (R = project(G)), weighted by `weights` (broadcast along the projected axis). G − F R is never written out:
-        one addcmul for weights ⊙ G, one addmm for F (weights ⊙ R). The basis's scale and 1/p do not enter."""
-        self._require_ready("add_complement")
+    def _add_back_and_outside(self, target: torch.Tensor, low: torch.Tensor, alpha: float, outside: Outside) -> None:
+        """add_back with the gradient's part outside the basis. F's two terms share one product,
+        F (alpha · scale · D⁻¹ Z − β · w ⊙ R), so G − F R is never written out: one addmm and one addcmul (β w ⊙ G)."""
         if len(self.factors) != 1 or target.dim() != 2:
-            raise ValueError(f"add_complement needs a one-sided projection of a matrix; this projector has factors on "
-                             f"modes {sorted(self.factors)} of a {target.dim()}-D weight")
+            raise ValueError(f"the gradient outside the basis needs a one-sided projection of a matrix; this projector "
+                             f"has factors on modes {sorted(self.factors)} of a {target.dim()}-D weight")
         ((mode, factor),) = self.factors.items()
-        target.addcmul_(grad, weights.to(grad.dtype), value=alpha)
-        inside = low * weights
+        if self.inv_p is not None:
+            low = low * _along(self.inv_p, mode, 2)
+        inside = (alpha * self.scale) * low - outside.alpha * (outside.weights * outside.low_grad)
         factor = factor.to(inside.dtype)  # a no-op unless the pool is stored in bfloat16
-        if target.dtype != inside.dtype:  # a bfloat16 weight: the float32 product, then rounded once
-            target.add_(mode_product(inside, factor, mode).to(target.dtype), alpha=-alpha)
+        if target.dtype != inside.dtype:  # a bfloat16 weight: the float32 product, rounded once
+            target.add_(mode_product(inside, factor, mode).to(target.dtype))
         elif mode == 0:
-            target.addmm_(factor, inside, alpha=-alpha)  # F (φ ⊙ R): (m × r)(r × n)
+            target.addmm_(factor, inside)  # F (·): (m × r)(r × n)
         else:
-            target.addmm_(inside, factor.T, alpha=-alpha)  # (φ ⊙ R) Fᵀ: (m × r)(r × n)
+            target.addmm_(inside, factor.T)  # (·) Fᵀ: (m × r)(r × n)
+        target.addcmul_(outside.grad, outside.weights.to(outside.grad.dtype), value=outside.alpha)
 
     def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""

@@ -1,7 +1,7 @@
 """residual='norm_matched' (Fira's complement): the gradient outside the basis moves at the basis's step size.
 
-Checked against the definition computed here by hand: the projector's fused add_complement against
-target + α · φ ⊙ (G − P Pᵀ G) written out; φ per column, its limiter and its zero-gradient columns; one optimizer step
+Checked against the definition computed here by hand: the projector's fused add_back with an Outside against
+target + α · project_back(Z) + β · φ ⊙ (G − P Pᵀ G) written out; φ per column, its limiter and its zero-gradient columns; one optimizer step
 of GaLoreAdamW and PlumageAdamW against Adam's step plus the complement; the 8-bit backend moving the complement
 downhill; per-layer mode with accumulation equal to normal mode; and the cases refused.
 """
@@ -17,6 +17,7 @@ from torch import nn
 from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
 from galore_plumage.optimizers.residual import GROWTH_LIMIT, complement_weights
 from galore_plumage.projectors import build_projector
+from galore_plumage.projectors.base import Outside
 
 
 def _gradient(shape, seed=0, dtype=torch.float64):
@@ -30,31 +31,32 @@ def _refreshed(name, shape, mode_dtype=torch.float64, **options):
 
 
 @pytest.mark.parametrize("shape", [(6, 9), (9, 6)], ids=["left", "right"])
-@pytest.mark.parametrize("name,options", [("svd", {}), ("plumage", {"max_inv_p": None}),
+@pytest.mark.parametrize("name,options", [("svd", {"scale": 0.25}), ("plumage", {"max_inv_p": None}),
                                           ("plumage", {"resample_every": 1, "pool_bf16": True})],
                          ids=["svd", "plumage-paper", "plumage-bf16-pool"])
-def test_add_complement_adds_the_weighted_gradient_outside_the_basis(shape, name, options):
+def test_add_back_with_the_outside_adds_the_weighted_gradient_outside_the_basis(shape, name, options):
     dtype = torch.float32 if options.get("pool_bf16") else torch.float64
     projector = _refreshed(name, shape, dtype, **options)
     grad = _gradient(shape, 2, dtype)
     low = projector.project(grad)
     ((mode, factor),) = projector.factors.items()
     weights = _gradient(low.norm(dim=mode, keepdim=True).shape, 3, dtype).abs()
+    z = _gradient(low.shape, 5, dtype)
     basis = factor.to(dtype)
     inside = basis @ basis.T @ grad if mode == 0 else grad @ basis @ basis.T
     target = _gradient(shape, 4, dtype)
-    expected = target + 0.3 * weights * (grad - inside)
-    projector.add_complement(target, grad, low, weights, 0.3)
+    expected = target - 0.7 * projector.project_back(z) + 0.3 * weights * (grad - inside)
+    projector.add_back(target, z, -0.7, Outside(grad, low, weights, 0.3))
     torch.testing.assert_close(target, expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-6)
 
 
-def test_add_complement_on_a_bfloat16_weight_rounds_once():
+def test_add_back_with_the_outside_on_a_bfloat16_weight_rounds_once():
     projector = _refreshed("svd", (6, 9), torch.float32)
     grad = _gradient((6, 9), 2, torch.float32)
     low = projector.project(grad)
     weights = torch.rand(1, 9, generator=torch.Generator().manual_seed(3))
     target = torch.zeros(6, 9, dtype=torch.bfloat16)
-    projector.add_complement(target, grad.bfloat16(), low, weights, 1.0)
+    projector.add_back(target, torch.zeros_like(low), 1.0, Outside(grad.bfloat16(), low, weights, 1.0))
     outside = grad - projector.factors[0] @ low
     torch.testing.assert_close(target.float(), weights * outside, rtol=0.02, atol=0.02)
 
