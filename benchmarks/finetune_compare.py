@@ -46,6 +46,9 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     # the default since session 7: every drawn row takes Adam's step, none amplified by 1/p, drawn anew each update
     "plumage cap1 resample": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
                               "--resample_every", "1"],
+    # ... with its pool in bfloat16 and Fira's complement (residual norm_matched): the candidate default of session 11
+    "plumage cap1 resample residual": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
+                                       "--resample_every", "1", "--pool_bf16", "--residual", "norm_matched"],
     "lora": ["--peft", "lora", "--lora_alpha", "16"],
 }
 
