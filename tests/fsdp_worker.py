@@ -88,8 +88,8 @@ def build(name: str, wide: bool, sharded: bool, proj_type: str):
     # float64: the reference takes the same eigh-of-Gram route; float32: torch.linalg.svd, whose rounding-level
     # singular values stay at ε·σ₁ (the sharded route zeroes them: spectrum.eigh_gram's noise floor)
     solver = "gram" if dtype == torch.float64 else "svd"
-    optimizer = build_optimizer(name.removesuffix("_fp32").removesuffix("_residual"), model, rank=RANK, update_proj_gap=GAP, proj_type=proj_type,
-                                solver=solver, **OPTIONS[name])
+    optimizer = build_optimizer(name.removesuffix("_fp32").removesuffix("_residual"), model, rank=RANK,
+                                update_proj_gap=GAP, proj_type=proj_type, solver=solver, **OPTIONS[name])
     return model, optimizer
 
 

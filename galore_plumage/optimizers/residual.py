@@ -22,8 +22,9 @@ from collections.abc import Callable
 
 import torch
 
+from .limiter import growth_factor
+
 RESIDUALS = ("none", "norm_matched")
-GROWTH_LIMIT = 1.01  # Fira's γ: the complement's step may grow by at most 1 % a step
 
 
 def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: torch.Tensor, mode: int, state: dict,
@@ -41,13 +42,7 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
     grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # one pass, no temporary
     outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
     size = total((phi.square() * outside_sq).sum()).sqrt()
-    previous = state.get("residual_norm")
-    if previous is not None:  # tensor ops only: no host synchronisation in a steady step
-        limit = GROWTH_LIMIT * previous.to(size)
-        factor = torch.where((limit > 0) & (size > limit), limit / size, torch.ones_like(size))
-        phi, size = phi * factor, size * factor
-    state["residual_norm"] = size.detach().reshape(())
-    return phi
+    return phi * growth_factor(size, state, "residual_norm")
 
 
 def add_placeholder(state: dict, like: torch.Tensor) -> None:

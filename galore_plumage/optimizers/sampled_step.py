@@ -26,8 +26,9 @@ from collections.abc import Callable
 
 import torch
 
+from .limiter import growth_factor
+
 SAMPLED_STEPS = ("adaptive", "norm_matched")
-NORM_GROWTH_LIMIT = 1.01  # Fira's γ: the sampled part's norm may grow by at most 1 % a step
 # A row counts as sampled when 1/p exceeds 1 by more than this. A spectrum whose tail is rounding noise gives its last
 # real direction p = 1 − O(ε) (float32: the SVD's ε·σ₁ values share its slot): in effect kept, and counted as kept, so
 # it takes the backend's step as it would with exact σ (an FSDP2 refresh zeroes that noise and gets p = 1 exactly)
@@ -59,10 +60,5 @@ def norm_matched(direction: torch.Tensor, low_grad: torch.Tensor, inv_p: torch.T
     mask = sampled.view(shape)
     tail = low_grad * phi * mask
     size = total((tail * inv_p.view(shape).to(tail.dtype)).square().sum()).sqrt()
-    previous = state.get("sampled_norm")
-    if previous is not None:  # tensor ops only: no host synchronisation in a steady step
-        limit = NORM_GROWTH_LIMIT * previous.to(size)
-        factor = torch.where((limit > 0) & (size > limit), limit / size, torch.ones_like(size))
-        tail, size = tail * factor, size * factor
-    state["sampled_norm"] = size.detach().reshape(())
+    tail = tail * growth_factor(size, state, "sampled_norm")
     return torch.where(mask, tail, direction)

@@ -38,8 +38,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
 from ..projectors import projected_modes, projector_spec
-from .residual import add_placeholder as add_residual_placeholder
 from .placement import WHOLE
+from .residual import add_placeholder as add_residual_placeholder
 
 
 def is_sharded(param: torch.Tensor) -> bool:

@@ -1,9 +1,9 @@
 """residual='norm_matched' (Fira's complement): the gradient outside the basis moves at the basis's step size.
 
 Checked against the definition computed here by hand: the projector's fused add_back with an Outside against
-target + α · project_back(Z) + β · φ ⊙ (G − P Pᵀ G) written out; φ per column, its limiter and its zero-gradient columns; one optimizer step
-of GaLoreAdamW and PlumageAdamW against Adam's step plus the complement; the 8-bit backend moving the complement
-downhill; per-layer mode with accumulation equal to normal mode; and the cases refused.
+target + α · project_back(Z) + β · φ ⊙ (G − P Pᵀ G), written out; φ per column, its limiter and its zero-gradient
+columns; one optimizer step of GaLoreAdamW and PlumageAdamW against Adam's step plus the complement; the 8-bit backend
+moving the complement downhill; per-layer mode with accumulation equal to normal mode; and the cases refused.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
-from galore_plumage.optimizers.residual import GROWTH_LIMIT, complement_weights
+from galore_plumage.optimizers.limiter import GROWTH_LIMIT
+from galore_plumage.optimizers.residual import complement_weights
 from galore_plumage.projectors import build_projector
 from galore_plumage.projectors.base import Outside
 
@@ -166,6 +167,7 @@ def test_per_layer_accumulation_with_the_complement_equals_normal_mode():
         normal.zero_grad()
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    assert [s["refreshes"] for s in per_layer.optimizer.projector_stats().values()] == [3, 3]  # the hooks stepped
 
 
 @pytest.mark.parametrize("options,message", [

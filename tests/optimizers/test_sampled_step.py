@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW
-from galore_plumage.optimizers.sampled_step import NORM_GROWTH_LIMIT, norm_matched
+from galore_plumage.optimizers.limiter import GROWTH_LIMIT as NORM_GROWTH_LIMIT
+from galore_plumage.optimizers.sampled_step import norm_matched
 from galore_plumage.training.config import parse_config
 from galore_plumage.training.loop import optimizer_options
 
