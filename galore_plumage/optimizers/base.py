@@ -152,17 +152,19 @@ def resample_if_due(backend: Backend, state: dict, group: dict, projector: Proje
 
 
 def apply_update(param: torch.Tensor, update: Update, projector: Projector | None, decay_first: bool,
-                 grad: torch.Tensor | None = None, low_grad: torch.Tensor | None = None) -> None:
-    """W ← W − step_size · project_back(Z) (and the complement −|step_size| · φ ⊙ (G − P R) when the update carries
-    φ), with the decoupled decay W ← W − decay · W before or after it (each its own pass, in galore-torch's order, so
-    its parity holds)."""
+                 grad: torch.Tensor | None = None, low_grad: torch.Tensor | None = None,
+                 residual_scale: float = 1.0) -> None:
+    """W ← W − step_size · project_back(Z) (and the complement −|step_size| · residual_scale · φ ⊙ (G − P R) when the
+    update carries φ), with the decoupled decay W ← W − decay · W before or after it (each its own pass, in
+    galore-torch's order, so its parity holds)."""
     if decay_first and update.decay:
         param.add_(param, alpha=-update.decay)
     if projector is not None:
         # |step_size|: a backend returning its finished step (8-bit: step_size −1) has Z pointing up the gradient, but
         # φ is a ratio of norms, so the complement moves down the gradient either way
-        outside = (None if update.complement is None
-                   else Outside(grad, low_grad, update.complement, -abs(update.step_size)))
+        outside = None
+        if update.complement is not None:
+            outside = Outside(grad, low_grad, update.complement, -abs(update.step_size) * residual_scale)
         projector.add_back(param, update.direction, -update.step_size, outside)
     else:
         param.add_(update.direction, alpha=-update.step_size)
@@ -296,7 +298,7 @@ class LowRankOptimizer(Optimizer):
                                  grad=grad)
         for observe in self.step_observers:
             observe(param, projector, update, state, refreshed)
-        apply_update(weight, update, projector, backend.decay_first, grad, low_grad)
+        apply_update(weight, update, projector, backend.decay_first, grad, low_grad, group["residual_scale"])
         resample_if_due(backend, state, group, projector)
 
     def _refresh(self, param, projector: Projector, grad, group, state, where, backend: Backend) -> bool:

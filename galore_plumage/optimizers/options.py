@@ -45,6 +45,12 @@ def _check_tau_max(value) -> None:
         raise ValueError(f"tau_max must be an integer >= update_proj_gap (or None for 4 x update_proj_gap), got {value!r}")
 
 
+def _check_residual_scale(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"residual_scale must be a finite number > 0 (1: Fira's step size for the complement), "
+                         f"got {value!r}")
+
+
 def parse_cap(text: str) -> float:
     """The flag's text: a number >= 1, or 'none'/'inf' for no cap (the paper's estimator)."""
     if str(text).strip().lower() in ("none", "inf"):
@@ -150,6 +156,9 @@ OPTIONS: tuple[Option, ...] = (
            "inside the basis, with Fira's norm-growth limiter; `scale` does not multiply it; needs the full gradient "
            "at every step)", _check_choice("residual", RESIDUALS), ("fira", None, 1), choices=RESIDUALS,
            applies=_needs_orthonormal_basis),
+    Option("residual_scale", 1.0, "with residual='norm_matched': multiply the complement's step by this (1: Fira's, the "
+           "step size Adam gives each column inside the basis; `scale` for the basis's own relative size)",
+           _check_residual_scale, (0, -1.0, math.inf, math.nan, True, "1"), parse=float),
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
            "at a refresh starts at Adam's step size", check_bool("row_bias_correction"), ("yes", 1, None),
            applies=_needs_adamw),

@@ -94,8 +94,9 @@ def test_a_zero_previous_norm_does_not_freeze_the_complement():
     assert complement_weights(z, low, grad, 0, state).abs().sum() > 0
 
 
-@pytest.mark.parametrize("cls,extra", [(GaLoreAdamW, {}), (PlumageAdamW, {"max_inv_p": None, "resample_every": 0})],
-                         ids=["galore", "plumage-paper"])
+@pytest.mark.parametrize("cls,extra", [(GaLoreAdamW, {}), (PlumageAdamW, {"max_inv_p": None, "resample_every": 0}),
+                                       (GaLoreAdamW, {"residual_scale": 0.3})],
+                         ids=["galore", "plumage-paper", "galore-residual_scale"])
 def test_one_step_is_adams_step_in_the_basis_plus_the_scaled_complement(cls, extra):
     weight = nn.Parameter(_gradient((8, 12), 8))
     start = weight.detach().clone()
@@ -111,7 +112,7 @@ def test_one_step_is_adams_step_in_the_basis_plus_the_scaled_complement(cls, ext
     adam = (0.1 * low) / ((0.001 * low.square()).sqrt() + 1e-6)  # M / (√V + ε) after one step
     step_size = 0.1 * math.sqrt(1 - 0.999) / (1 - 0.9)
     inv_p = projector.inv_p.view(-1, 1) if projector.inv_p is not None else 1.0
-    phi = adam.norm(dim=0, keepdim=True) / low.norm(dim=0, keepdim=True)
+    phi = extra.get("residual_scale", 1.0) * adam.norm(dim=0, keepdim=True) / low.norm(dim=0, keepdim=True)
     expected = start - step_size * (0.25 * basis @ (inv_p * adam) + phi * (grad - basis @ low))
     torch.testing.assert_close(weight.detach(), expected, rtol=1e-10, atol=1e-12)
     # and the complement is what residual='none' leaves out: the step has a part outside span(P)
