@@ -1,0 +1,91 @@
+"""One optimizer's steady step under two commits of the library, steps alternating: a by-hand A/B, not a test.
+
+The library of `--against` (any git revision) is exported to a temporary folder and imported beside the working
+tree's, each under its own module name, so both step in one process on the same gradients; each figure is the
+median over the reps. For changes inside a step that no option switches off (how a draw rearranges the pool).
+
+    python benchmarks/library_ab.py --against 157a6b3 [--optimizer PlumageAdamW] [--sizes 60m,350m] [--reps 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from step_time import SIZES, layer_shapes, random_tensors  # noqa: E402 - benchmarks/ is on sys.path
+
+
+def import_library(folder: Path):
+    """galore_plumage as found in `folder`, imported afresh (the previous import is set aside, not reused)."""
+    for name in [m for m in sys.modules if m == "galore_plumage" or m.startswith("galore_plumage.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("galore_plumage")
+    finally:
+        sys.path.remove(str(folder))
+
+
+def export(revision: str, into: Path) -> Path:
+    archive = into / "library.tar"
+    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), revision, "galore_plumage"], cwd=ROOT,
+                   check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def step(params, optimizer, grads) -> float:
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    start = time.perf_counter()
+    optimizer.step()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", required=True, help="the git revision to compare the working tree with")
+    parser.add_argument("--optimizer", default="PlumageAdamW", help="a class of galore_plumage, at its defaults")
+    parser.add_argument("--sizes", default="60m,350m")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as folder:
+        libraries = {args.against: import_library(export(args.against, Path(folder))), "working tree": import_library(ROOT)}
+        print(f"| size | {args.optimizer}: library | steady ms | / {args.against} |")
+        print("|---|---|---:|---:|")
+        for size in args.sizes.split(","):
+            h, i, rank = SIZES[size]
+            shapes = list(layer_shapes(h, i).values())
+            grads = random_tensors(shapes, torch.device("cpu"), seed=1)
+            arms = {}
+            for label, library in libraries.items():
+                params = [torch.nn.Parameter(t) for t in random_tensors(shapes, torch.device("cpu"), seed=0, scale=0.02)]
+                optimizer = getattr(library, args.optimizer)([{"params": params, "rank": rank, "update_proj_gap": 10**9}])
+                step(params, optimizer, grads)  # the first step builds the basis and the moments
+                arms[label] = (params, optimizer)
+            times = {label: [] for label in arms}
+            for _ in range(args.reps):
+                for label, arm in arms.items():
+                    times[label].append(step(*arm, grads))
+            medians = {label: statistics.median(t) * 1e3 for label, t in times.items()}
+            for label, ms in medians.items():
+                print(f"| {size} | {label} | {ms:.2f} | {ms / medians[args.against]:.3f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""What Fira's complement (residual="norm_matched") adds to a steady step: a by-hand A/B, not a test.
+
+GaLoreAdamW and PlumageAdamW (its default) step one Llama layer's seven weights with no refresh, each with
+residual "none" and "norm_matched"; the four optimizers' steps alternate, so drift hits all alike; each figure is the
+median over the reps, and every ratio is against GaLoreAdamW without the complement in the same run.
+
+    python benchmarks/residual_cost.py [--sizes 60m,130m,350m] [--reps 11] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_time import SIZES, layer_shapes, random_tensors  # noqa: E402 - benchmarks/ is on sys.path
+
+from galore_plumage import GaLoreAdamW, PlumageAdamW  # noqa: E402
+
+RESIDUALS = ("none", "norm_matched")
+
+
+def build(cls, shapes, rank: int, residual: str):
+    params = [torch.nn.Parameter(t) for t in random_tensors(shapes, torch.device("cpu"), seed=0, scale=0.02)]
+    group = {"params": params, "rank": rank, "update_proj_gap": 10**9, "residual": residual}
+    return params, cls([group], lr=1e-3)
+
+
+def step(params, optimizer, grads) -> float:
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    start = time.perf_counter()
+    optimizer.step()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="60m,130m,350m")
+    parser.add_argument("--reps", type=int, default=11)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print("| size | optimizer | residual | steady ms | / GaLoreAdamW without it |")
+    print("|---|---|---|---:|---:|")
+    for size in args.sizes.split(","):
+        h, i, rank = SIZES[size]
+        shapes = list(layer_shapes(h, i).values())
+        grads = random_tensors(shapes, torch.device("cpu"), seed=1)
+        arms = {(cls.__name__, residual): build(cls, shapes, rank, residual)
+                for cls in (GaLoreAdamW, PlumageAdamW) for residual in RESIDUALS}
+        for arm in arms.values():
+            step(*arm, grads)  # the first step builds the basis and the moments
+        times = {key: [] for key in arms}
+        for _ in range(args.reps):
+            for key, arm in arms.items():
+                times[key].append(step(*arm, grads))
+        medians = {key: statistics.median(t) * 1e3 for key, t in times.items()}
+        base = medians[("GaLoreAdamW", "none")]
+        for (name, residual), ms in medians.items():
+            print(f"| {size} | {name} | {residual} | {ms:.2f} | {ms / base:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
