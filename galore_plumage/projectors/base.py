@@ -88,8 +88,9 @@ class Pool:
         leaving = (~wanted[self.order[:rank]]).nonzero().flatten()
         entering = rank + wanted[self.order[rank:]].nonzero().flatten()
         columns, sources = torch.cat([leaving, entering]), torch.cat([entering, leaving])
-        device = self.vectors.device
-        self.vectors[:, columns.to(device)] = self.vectors[:, sources.to(device)]  # the right side is gathered first
+        # one copy of the indices to the device, without waiting on it (non_blocking: no host synchronisation)
+        moves = torch.stack([columns, sources]).to(self.vectors.device, non_blocking=True)
+        self.vectors[:, moves[0]] = self.vectors[:, moves[1]]  # the right side is gathered first
         self.p[columns] = self.p[sources]
         self.order[columns] = self.order[sources]
         return leaving
@@ -399,11 +400,12 @@ class Projector:
         # Both draws are columns of one orthonormal pool and a vector drawn again keeps its column, so
         # B = F_newᵀ F_old is the identity but for a zero row (and column) at each column whose vector changed: built
         # from the indices, exactly, and applied by transport as a fill instead of two r × r × n products per step
-        transition = torch.eye(rank, dtype=self._dtype)
-        transition[entering, entering] = 0.0
         device = self.factors[mode].device
-        self.transition = {mode: transition.to(device)}
-        self._selection = (mode, entering.to(device))
+        entering = entering.to(device, non_blocking=True)  # no host synchronisation in a steady step
+        transition = torch.eye(rank, dtype=self._dtype, device=device)
+        transition[entering, entering] = 0.0
+        self.transition = {mode: transition}
+        self._selection = (mode, entering)
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 

@@ -72,4 +72,4 @@ class PlumageProjector(Projector):
         inv_p = 1.0 / chosen_p
         if self.max_inv_p is not None:
             inv_p = inv_p.clamp(max=self.max_inv_p)
-        return inv_p.to(device=device, dtype=dtype)
+        return inv_p.to(dtype=dtype).to(device, non_blocking=True)  # a draw's: no host synchronisation

@@ -57,3 +57,24 @@ def test_bf16_weights_keep_fp32_low_rank_state(cls, group, steps):
             assert state[key].dtype == torch.float32
     if "state1" in state:
         assert state["state1"].dtype in (torch.uint8, torch.float32)
+
+
+@pytest.mark.parametrize("options", [{}, {"residual": "norm_matched"}], ids=["default", "residual"])
+def test_a_steady_step_of_the_default_does_not_synchronise_with_the_host(options):
+    """Issue 15: between refreshes, PlumageAdamW's step (a draw from the pool before every update) queues its work
+    without waiting on the GPU: torch's sync debug mode raises on any synchronising call."""
+    from galore_plumage import PlumageAdamW
+
+    weight = torch.nn.Parameter(torch.randn(96, 64, device="cuda"))
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 8, "update_proj_gap": 1000, **options}])
+    weight.grad = torch.randn(96, 64, device="cuda")
+    optimizer.step()  # the refresh: one synchronisation is allowed there
+    optimizer.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            optimizer.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert optimizer._projectors[weight].stats["resamples"] >= 3
