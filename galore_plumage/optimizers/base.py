@@ -234,7 +234,6 @@ class LowRankOptimizer(Optimizer):
         check_rule(group["realign"])
         where = f"low-rank group {index}: "
         check_options({o.key: group[o.key] for o in OPTIONS}, where=where)
-        # a row-bias correction switched on must fit this backend (the table's rule) and have one set of rows
         # a row-bias correction or a residual switched on must fit this backend (the table's rule) and have one set of
         # rows
         for key, off in (("row_bias_correction", False), ("residual", "none")):
