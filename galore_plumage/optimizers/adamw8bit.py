@@ -102,8 +102,12 @@ class AdamW8bitBackend(Backend):
             self._init(state, grad, group)
         scratch = torch.zeros_like(grad)
         self._kernel(state, grad, scratch, group, weight_decay=0.0)
-        # scratch now holds −lr·m̂/(√v̂+ε): the weight moves by +project_back(scratch)
-        return Update(scratch, -1.0, group["lr"] * group["weight_decay"])
+        # scratch now holds −lr·m̂/(√v̂+ε): the weight moves by +project_back(scratch); per unit of AdamW's M/√V it
+        # carries lr times the bias correction √(1 − β2^t)/(1 − β1^t)
+        beta1, beta2 = group["betas"]
+        step = state["step"]
+        unit = group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+        return Update(scratch, -1.0, group["lr"] * group["weight_decay"], unit=unit if unit > 0 else 1.0)
 
     def full_step(self, param, grad, group, state):
         """Regular (full-rank) weights: the kernel updates the weight in place, decay included."""

@@ -72,6 +72,10 @@ class Update(NamedTuple):
     step_size: float  # the weight moves by −step_size · project_back(Z)
     decay: float  # decoupled weight decay: W ← W − decay · W
     complement: torch.Tensor | None = None  # φ of residual="norm_matched": W also moves by −|step_size| · φ ⊙ G⊥
+    # what `direction` carries beyond the backend's normalized step (8-bit returns its finished step, lr · bias
+    # correction times AdamW's M/√V): divided out where sizes are compared from step to step (the complement's
+    # limiter), so that every backend limits the same series, free of the lr schedule
+    unit: float = 1.0
 
 
 class Backend:
@@ -130,7 +134,8 @@ def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group
             raise ValueError(f"residual={group['residual']!r} moves the gradient outside the basis, so it needs the "
                              "full gradient: step with grad=, not a projected low_grad")
         (mode,) = modes
-        update = update._replace(complement=complement_weights(update.direction, low_grad, grad, mode, state, total))
+        phi = complement_weights(update.direction, low_grad, grad, mode, state, total, unit=update.unit)
+        update = update._replace(complement=phi)
     if group["sampled_step"] == "norm_matched" and projector.inv_p is not None:
         (mode,) = modes
         # the weight moves by −step_size · Z: a backend that returns the finished step (8-bit: step_size −1) has Z

@@ -28,11 +28,12 @@ RESIDUALS = ("none", "norm_matched")
 
 
 def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: torch.Tensor, mode: int, state: dict,
-                       total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> torch.Tensor:
+                       total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x, unit: float = 1.0) -> torch.Tensor:
     """φ, shaped to broadcast along axis `mode` (the basis's axis): ‖Z‖ / ‖R‖ per column, limited in norm growth.
 
-    `state["residual_norm"]` keeps the previous ‖φ ⊙ G⊥‖ for the limiter; `total` sums a squared norm over the pieces
-    of a sharded tensor (identity for a whole one)."""
+    `state["residual_norm"]` keeps the previous ‖φ ⊙ G⊥‖ / `unit` for the limiter (`unit`: what Z carries beyond the
+    backend's normalized step, base.Update.unit; Fira limits AdamW's M/√V, before lr and bias correction); `total`
+    sums a squared norm over the pieces of a sharded tensor (identity for a whole one)."""
     z_norm = direction.norm(dim=mode, keepdim=True)
     r_norm_sq = low_grad.square().sum(dim=mode, keepdim=True)
     r_norm = r_norm_sq.sqrt()
@@ -41,7 +42,7 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
     # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
     grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # one pass, no temporary
     outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
-    size = total((phi.square() * outside_sq).sum()).sqrt()
+    size = total((phi.square() * outside_sq).sum()).sqrt() / unit
     return phi * growth_factor(size, state, "residual_norm")
 
 

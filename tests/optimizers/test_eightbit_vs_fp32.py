@@ -7,6 +7,7 @@ tensor has >= 4096 elements so it takes bitsandbytes' blockwise 8-bit path.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from galore_plumage import PlumageAdamW, PlumageAdamW8bit
@@ -20,7 +21,7 @@ STEPS, GAP, RANK = 20, 5, 64  # refreshes at steps 0, 5, 10, 15
 RELATIVE_TOLERANCE = 0.05
 
 
-def _run(cls, realign="mv"):
+def _run(cls, realign="mv", residual="none"):
     generator = torch.Generator().manual_seed(0)
     weights = [torch.nn.Parameter(torch.randn(128, 96, generator=generator)),
                torch.nn.Parameter(torch.randn(96, 128, generator=generator))]
@@ -32,6 +33,7 @@ def _run(cls, realign="mv"):
         lr=1e-2, eps=1e-8, weight_decay=0.1, scale=1.0,
         sampled_step="adaptive",  # the paper's step, where this tolerance was derived; the 1/p-amplified sampled
         # rows dominate the displacement, so the quantization error is a small share of it
+        residual=residual,
     )
     grads = torch.Generator().manual_seed(1)
     drift = [torch.randn(p.shape, generator=grads) for p in params]  # a persistent direction, as in training
@@ -48,9 +50,13 @@ def _relative(start, ours, reference):
     return max(((a - b).norm() / (b - s).norm()).item() for s, a, b in zip(start, ours, reference, strict=True))
 
 
-def test_eightbit_follows_fp32_across_refreshes():
-    fp32, start, reference = _run(PlumageAdamW)
-    eightbit, _, ours = _run(PlumageAdamW8bit)
+# With Fira's complement the 8-bit step is one the limiter must see per unit of lr · bias correction (Update.unit):
+# limiting the finished step instead held the complement back during the bias correction's rise and ended 9-11 %
+# away from the float32 run; per unit it stays at 1.6 %, as without the complement
+@pytest.mark.parametrize("residual", ["none", "norm_matched"])
+def test_eightbit_follows_fp32_across_refreshes(residual):
+    fp32, start, reference = _run(PlumageAdamW, residual=residual)
+    eightbit, _, ours = _run(PlumageAdamW8bit, residual=residual)
     for state in eightbit.state.values():
         assert state["state1"].dtype == torch.uint8 and state["state2"].dtype == torch.uint8
     stats = eightbit.projector_stats()
