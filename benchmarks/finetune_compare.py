@@ -37,15 +37,15 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     # every PLUMAGE arm names its options in full, so that no arm moves when a default changes (a finished run is
     # reused by its command: an arm with no flags would silently stand for whichever default it ran under)
     "plumage max_inv_p=3": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "3",
-                            "--resample_every", "0"],
+                            "--resample_every", "0", "--residual", "none"],
     "plumage paper": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "none",
-                      "--no-row_bias_correction", "--resample_every", "0"],
+                      "--no-row_bias_correction", "--resample_every", "0", "--residual", "none"],
     # the default of session 6: sampled rows moved by their own gradient at the kept rows' step size, drawn each update
     "plumage nm resample": ["--optimizer", "plumage_adamw", "--sampled_step", "norm_matched", "--max_inv_p", "none",
-                            "--resample_every", "1"],
+                            "--resample_every", "1", "--no-pool_bf16", "--residual", "none"],
     # the default since session 7: every drawn row takes Adam's step, none amplified by 1/p, drawn anew each update
     "plumage cap1 resample": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
-                              "--resample_every", "1"],
+                              "--resample_every", "1", "--no-pool_bf16", "--residual", "none"],
     # ... with its pool in bfloat16 and Fira's complement (residual norm_matched): the candidate default of session 11
     "plumage cap1 resample residual": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
                                        "--resample_every", "1", "--pool_bf16", "--residual", "norm_matched"],

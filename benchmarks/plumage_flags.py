@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 # the paper's exact estimator; an arm names each option in this order (run_cache compares recorded commands)
-PAPER = {"sampled_step": "adaptive", "max_inv_p": "none", "row_bias_correction": False, "resample_every": 0}
+PAPER = {"sampled_step": "adaptive", "max_inv_p": "none", "row_bias_correction": False, "resample_every": 0,
+         "residual": "none"}
 
 
 def plumage_flags(**options) -> list[str]:

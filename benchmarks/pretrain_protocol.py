@@ -101,14 +101,15 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # Fira's residual (arXiv 2410.01623): the gradient outside the basis moves at the step size Adam gives the basis,
     # on GaLore's recipe (Fira's own setting: scale 0.25 on the projected update) and on the default
     "galore_recipe_residual": ("galore_adamw", ["--galore_scale", "0.25", "--residual", "norm_matched"],
-                               (3e-3, 5e-3, 7e-3, 1e-2)),
-    "plumage_cap1_residual": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--residual", "norm_matched",
-                                                *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3, 5e-3, 7e-3)),
+                               (3e-3, 5e-3, 7e-3)),
+    # the default since session 11
+    "plumage_cap1_residual": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+        max_inv_p=1, resample_every=1, residual="norm_matched")], (3e-3, 5e-3, 7e-3)),
     # ... with the complement's step scaled as the basis's is (residual_scale = scale = 0.25): Fira's unscaled complement
     # moves each column 4x as far as the basis moves it
-    "plumage_cap1_residual_scaled": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--residual",
-                                                       "norm_matched", "--residual_scale", "0.25",
-                                                       *plumage_flags(max_inv_p=1, resample_every=1)], (5e-3, 1e-2, 7e-3)),
+    "plumage_cap1_residual_scaled": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--residual_scale", "0.25",
+                                                       *plumage_flags(max_inv_p=1, resample_every=1, residual="norm_matched")],
+                                     (5e-3, 1e-2, 7e-3)),
     # the refresh interval τ, for GaLore's recipe and the default alike (the protocol's τ = 40 is neither's tuned value)
     **{f"{label}_gap{gap}": (optimizer, [*flags, "--update_proj_gap", str(gap)], (3e-3,))
        for label, optimizer, flags in (
