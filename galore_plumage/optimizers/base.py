@@ -27,7 +27,7 @@ from ..projectors.base import Outside
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .placement import WHOLE
 from .realign import check_rule
-from .residual import complement_weights
+from .residual import complement_weights, residual_rule
 from .sampled_step import norm_matched, restart_limiter
 
 try:  # FSDP2's sharded parameters; absent from torch builds without distributed support
@@ -48,7 +48,7 @@ PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "sc
                                     **option_defaults("plumage")}
 # PLUMAGE with Adam moments (AdamW, 8-bit AdamW) at the setting the fair protocol chose: GaLore's recipe (scale 0.25
 # on the projected update, one lr on every group) at its best lr (benchmarks/pretrain_protocol.py, docs/results.md §3)
-PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 3e-3, "scale": 0.25}
+PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 5e-3, "scale": 0.25}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:
@@ -124,14 +124,16 @@ class Backend:
 
 
 def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group: dict, param: torch.Tensor,
-                    projector: Projector, total=lambda x: x, grad: torch.Tensor | None = None) -> Update:
+                    projector: Projector, total=lambda x: x, grad: torch.Tensor | None = None,
+                    residual: str = "none") -> Update:
     """The backend's update of a low-rank weight, its sampled rows moved as `group["sampled_step"]` says, and the
-    complement's weights when `group["residual"]` moves the gradient outside the basis (it needs the full `grad`)."""
+    complement's weights when `residual` (the group's, as residual_rule reads it) moves the gradient outside the basis
+    (it needs the full `grad`)."""
     modes = tuple(projector.factors)
     update = backend.update(state, low_grad, group, param, rows=modes[0] if len(modes) == 1 else None)
-    if group["residual"] != "none":
+    if residual != "none":
         if grad is None:
-            raise ValueError(f"residual={group['residual']!r} moves the gradient outside the basis, so it needs the "
+            raise ValueError(f"residual={residual!r} moves the gradient outside the basis, so it needs the "
                              "full gradient: step with grad=, not a projected low_grad")
         (mode,) = modes
         phi = complement_weights(update.direction, low_grad, grad, mode, state, total, unit=update.unit)
@@ -242,7 +244,7 @@ class LowRankOptimizer(Optimizer):
         # a row-bias correction or a residual switched on must fit this backend (the table's rule) and have one set of
         # rows
         for key, off in (("row_bias_correction", False), ("residual", "none")):
-            if group[key] != off:
+            if group[key] != off and (key != "residual" or residual_rule(group, spec.cls) != "none"):
                 check_options({key: group[key]}, backend.name, spec.cls, where)
                 if spec.tensors or group["proj_type"] == "full":
                     raise ValueError(f"{key}={group[key]!r} (low-rank group {index}) needs a one-sided projection; got "
@@ -299,7 +301,7 @@ class LowRankOptimizer(Optimizer):
         state["step"] += 1
         group = where.group_for(group, backend, param, low_grad)
         update = low_rank_update(backend, state, low_grad, group, weight, projector, total=where.total_for(param),
-                                 grad=grad)
+                                 grad=grad, residual=self.residual_for(group, projector))
         for observe in self.step_observers:
             observe(param, projector, update, state, refreshed)
         apply_update(weight, update, projector, backend.decay_first, grad, low_grad, group["residual_scale"])
@@ -327,8 +329,14 @@ class LowRankOptimizer(Optimizer):
 
     def needs_full_grad(self, param: torch.Tensor, group: dict) -> bool:
         """True when the next step of `param` must see its full gradient (a refresh is due, or a residual reads it)."""
-        return ("rank" not in group or group["residual"] != "none"
-                or self.projector_for(param, group).due(self.state[param].get("step", 0)))
+        if "rank" not in group:
+            return True
+        projector = self.projector_for(param, group)
+        return self.residual_for(group, projector) != "none" or projector.due(self.state[param].get("step", 0))
+
+    def residual_for(self, group: dict, projector: Projector) -> str:
+        """The group's `residual` as it applies to `projector` (plumage_*'s default is left out where it cannot)."""
+        return residual_rule(group, type(projector))
 
     def projector_for(self, param: torch.Tensor, group: dict) -> Projector:
         projector = self._projectors.get(param)

@@ -4,16 +4,21 @@ galore-torch and HF step at every backward, which is wrong under gradient accumu
 steps only at the accumulation boundary. Between micro-steps, when its projection is fixed (no refresh
 due), its gradient is projected at once and summed in the low-rank space — project is linear, so the sum
 of projections equals the projection of the sum — and the full gradient is freed. When a refresh is due
-the full gradient is kept until the boundary, because the new basis is built from all of it.
+the full gradient is kept until the boundary, because the new basis is built from all of it; with the complement
+(residual='norm_matched') it is kept at every update, which reads it (a warning says so).
 
 Global-norm gradient clipping needs every gradient at once, which this mode never has: it is refused.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
+from ..projectors import projector_spec
 from .base import LowRankOptimizer
+from .residual import residual_rule
 
 
 def inner_optimizer(optimizer):
@@ -34,6 +39,13 @@ class LayerwiseOptimizer:
             raise ValueError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
+        complemented = [g for g in optimizer.param_groups
+                        if "rank" in g and residual_rule(g, projector_spec(g["projector"]).cls) != "none"]
+        if accumulation_steps > 1 and complemented:
+            warnings.warn("per-layer mode with gradient accumulation keeps each low-rank weight's full gradient until "
+                          "its update, because the complement (residual='norm_matched', plumage_*'s default) reads "
+                          "it; pass residual='none' (--residual none) to sum projected gradients instead and free "
+                          "the full ones at once", stacklevel=2)
         self._micro_steps: dict[torch.Tensor, int] = {}
         self._handles = [
             param.register_post_accumulate_grad_hook(self._hook_for(index))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
-from .residual import RESIDUALS
+from .residual import PLUMAGE_RESIDUAL, RESIDUALS
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
@@ -83,6 +83,8 @@ def _needs_orthonormal_basis(backend: str, projector_cls) -> str | None:
     if not projector_cls.signed:
         return (f"it moves the gradient outside an orthonormal basis, but projector {projector_cls.name!r} does not make "
                 "one (its G − P Pᵀ G is not the complement)")
+    if projector_cls.tensors:
+        return f"it needs a one-sided projection of a matrix, but projector {projector_cls.name!r} projects every mode"
     return None
 
 
@@ -154,7 +156,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("residual", "none", "how the gradient outside the basis moves the weight: 'none' (GaLore, the paper: "
            "dropped) or 'norm_matched' (Fira, arXiv 2410.01623: G − P R moves at the step size Adam gives each column "
            "inside the basis, with Fira's norm-growth limiter; `scale` does not multiply it; needs the full gradient "
-           "at every step)", _check_choice("residual", RESIDUALS), ("fira", None, 1), choices=RESIDUALS,
+           "at every step)", _check_choice("residual", RESIDUALS), ("fira", None, 1), plumage=PLUMAGE_RESIDUAL, choices=RESIDUALS,
            applies=_needs_orthonormal_basis),
     Option("residual_scale", 1.0, "with residual='norm_matched': multiply the complement's step by this (1: Fira's, the "
            "step size Adam gives each column inside the basis; `scale` for the basis's own relative size)",

@@ -25,6 +25,17 @@ import torch
 from .limiter import growth_factor
 
 RESIDUALS = ("none", "norm_matched")
+PLUMAGE_RESIDUAL = "norm_matched"  # plumage_*'s default where the backend normalizes (options.py; docs/results.md §3)
+
+
+def residual_rule(group: dict, projector_cls) -> str:
+    """The group's `residual`, or "none" where plumage_*'s default cannot apply: a basis that is not orthonormal
+    (FLORA's) or not one-sided (Tucker, proj_type "full"). A family default that does nothing for another projector
+    is harmless, as the projector's own options are (base.projector_options); an option given by name is refused
+    where it cannot apply before it reaches a group (options.check_optimizer_options)."""
+    value = group["residual"]
+    fits = projector_cls.signed and not projector_cls.tensors and group["proj_type"] != "full"
+    return value if fits or value != PLUMAGE_RESIDUAL else "none"
 
 
 def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: torch.Tensor, mode: int, state: dict,

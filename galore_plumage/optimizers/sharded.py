@@ -203,7 +203,7 @@ class Sharding:
             state["projector"] = projector.state_dict()
             low = projector.project(torch.zeros_like(weight))
             backend.update(state, low, where.group_for(group, backend, param, low), weight)
-            if group["residual"] != "none":
+            if optimizer.residual_for(group, projector) != "none":
                 add_residual_placeholder(state, low)
 
     def _params(self):

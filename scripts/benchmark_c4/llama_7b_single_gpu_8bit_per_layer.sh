@@ -10,6 +10,9 @@
 # Expected peak (benchmarks/peak_memory.py, docs/memory.md; counted on a CPU, not measured on a GPU): 22.6 GiB at
 # batch 16 (weights 12.55, 8-bit state 7.07, the largest gradient 0.24, checkpointed activations 2.33, the largest
 # refresh SVD 0.40). GaLore reports 22.8 GB for its version on an RTX 4090. Batch 16 -> 32 accumulation steps.
+# --residual none: the default's complement (Fira's, since session 11) reads each weight's full gradient at its
+# update, so under accumulation per-layer mode would keep all 13.5 GB of bf16 gradients; without it the micro-batch
+# gradients are projected and summed in the low-rank space, and freed at once.
 # No gradient clipping: per-layer updates step before a global gradient norm exists, so clipping is
 # refused in this mode (--grad_clipping 0 is passed explicitly).
 # Flags appended to the command line override the ones below (argparse keeps the last); to run GaLore's
@@ -38,6 +41,7 @@ torchrun --standalone --nproc_per_node "${NPROC:-1}" torchrun_main.py \
     --batch_size 16 \
     --total_batch_size 512 \
     --grad_clipping 0 \
+    --residual none \
     --weight_decay 0 \
     --dtype bfloat16 \
     --eval_every 1000 \

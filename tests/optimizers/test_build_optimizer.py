@@ -138,10 +138,11 @@ def test_projector_override():
     assert (default["projector"], default["realign"], default["scale"]) == ("svd", "none", 0.25)
     plumage = next(g for g in build_optimizer("plumage_adamw", _model(), rank=4).param_groups if "rank" in g)
     # the fair protocols' choice for Adam moments: GaLore's recipe, Adam's step on every drawn row with no 1/p
-    # rescaling, the rows drawn anew before every update
+    # rescaling, the rows drawn anew before every update, Fira's complement
     assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("plumage", "mv", 0.25)
     assert (plumage["lr"], plumage["sampled_step"], plumage["max_inv_p"], plumage["resample_every"]) == (
-        3e-3, "adaptive", 1.0, 1)
+        5e-3, "adaptive", 1.0, 1)
+    assert plumage["residual"] == "norm_matched" and plumage["pool_bf16"] is True
     sgdm = next(g for g in build_optimizer("plumage_sgdm", _model(), rank=4).param_groups if "rank" in g)
     # no normalization to amplify: the paper's step
     assert (sgdm["scale"], sgdm["sampled_step"], sgdm["max_inv_p"], sgdm["resample_every"]) == (1.0, "adaptive", None, 0)
@@ -190,7 +191,7 @@ def test_the_callers_groups_are_left_as_given():
     assert groups == given  # no key filled in, none changed
     plumage = PlumageAdamW(groups)
     low_rank = next(g for g in plumage.param_groups if "rank" in g)
-    assert (low_rank["projector"], low_rank["lr"], low_rank["scale"]) == ("plumage", 3e-3, 0.25)
+    assert (low_rank["projector"], low_rank["lr"], low_rank["scale"]) == ("plumage", 5e-3, 0.25)
     assert low_rank["params"] == weights and groups == given
 
 

@@ -72,7 +72,8 @@ def test_moment_state_divides_by_rows(results, name):
     result = results[name]
     reference = result["reference_state_bytes"]
     replicated = RANK * 4 if "adafactor" in name else 0
-    replicated += 8 if "residual" in name else 0  # the complement's limiter: one float64 norm, the same on every rank
+    # the complement's limiter (plumage_*'s default since session 11): one norm in the low-rank dtype, on every rank
+    replicated += 0 if not name.startswith("plumage") else 8 if name in ("plumage_adamw", "plumage_adamw_residual") else 4
     for weight, rows in ROWS.items():
         shares = [len(chunk) for chunk in torch.arange(rows).chunk(WORLD)]
         for rank, share in enumerate(shares):

@@ -37,7 +37,7 @@ def test_ours_and_galore_torch_hold_the_same_tensor_bytes():
 def test_a_bfloat16_pool_costs_what_galores_basis_costs():
     """PLUMAGE's default keeps a pool of 2r float32 vectors (the basis a view of it) where GaLore keeps r; stored in
     bfloat16 (pool_bf16) the pool takes GaLore's basis bytes. Beyond it: the pool's p (float64) and order (int64),
-    2r each, and the drawn 1/p (r float32)."""
+    2r each, the drawn 1/p (r float32), and the complement's limiter (one float32 norm)."""
     from galore_plumage import PlumageAdamW
 
     torch.manual_seed(0)
@@ -49,6 +49,6 @@ def test_a_bfloat16_pool_costs_what_galores_basis_costs():
         weight.grad = torch.randn_like(weight)
         optimizer.step()
         sizes[bf16] = state_bytes(dict(optimizer.state))[0]
-    bookkeeping = 2 * rank * (8 + 8) + rank * 4
+    bookkeeping = 2 * rank * (8 + 8) + rank * 4 + 4
     assert sizes[True] == galore[0] + bookkeeping
     assert sizes[False] == galore[0] + bookkeeping + 6 * rank * 4  # r more float32 vectors than GaLore

@@ -156,7 +156,8 @@ def test_per_layer_accumulation_with_the_complement_equals_normal_mode():
         models.append(Tiny().double())
     options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 2, "residual": "norm_matched"}
     normal = build_optimizer("plumage_adamw", models[0], **options)
-    per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)
+    with pytest.warns(UserWarning, match="keeps each low-rank weight's full gradient"):
+        per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)
     generator = torch.Generator().manual_seed(1)
     for _ in range(updates):
         batches = [(torch.randn(5, 24, generator=generator, dtype=torch.float64),
@@ -174,13 +175,25 @@ def test_per_layer_accumulation_with_the_complement_equals_normal_mode():
 @pytest.mark.parametrize("options,message", [
     ({"projector": "random"}, "orthonormal basis"),
     ({"projector": "tucker"}, "one-sided projection"),
-    ({"proj_type": "full"}, "one-sided projection"),
     ({"residual": "fira"}, "unknown residual 'fira'"),
 ])
 def test_refused_where_the_complement_is_not_defined(options, message):
-    weight = nn.Parameter(torch.randn(8, 12))
+    model = nn.Module()
+    model.attn = nn.Linear(12, 8, bias=False)
     with pytest.raises(ValueError, match=message):
-        GaLoreAdamW([{"params": [weight], "rank": 3, "residual": "norm_matched", **options}])
+        build_optimizer("galore_adamw", model, rank=3, **{"residual": "norm_matched", **options})
+
+
+def test_plumage_default_is_left_out_where_it_cannot_apply():
+    """plumage_*'s residual default does nothing for a projector that makes no orthonormal one-sided basis (as its
+    resample_every does nothing under svd): FLORA's basis and proj_type 'full' step without a complement."""
+    for options in ({"projector": "random"}, {"projector": "svd", "proj_type": "full"}):
+        weight = nn.Parameter(_gradient((8, 12), 8))
+        weight.grad = _gradient((8, 12), 9)
+        optimizer = PlumageAdamW([{"params": [weight], "rank": 3, **options}])
+        optimizer.step()
+        assert optimizer.param_groups[0]["residual"] == "norm_matched"
+        assert "residual_norm" not in optimizer.state[weight], options
 
 
 def test_a_projected_gradient_alone_is_refused():

@@ -156,7 +156,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
         "residual_scale",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
-    assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}
+    assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector", "residual_norm"}  # the complement's limiter
     assert set(state["projector"]) == {
         "name", "rank", "proj_type", "scale", "seed", "index", "tau", "refresh_count", "next_refresh", "shape",
         "rank_per_mode", "stats", "dtype", "factors", "inv_p", "pool",
@@ -173,7 +173,8 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
     # the values of the runs written before those keys
-    paper = {"sampled_step": "adaptive", "max_inv_p": None, "row_bias_correction": False, "resample_every": 0}
+    paper = {"sampled_step": "adaptive", "max_inv_p": None, "row_bias_correction": False, "resample_every": 0,
+             "residual": "none"}
     optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=GAP, lr=1e-2, **paper)
     for _ in range(SAVE_AFTER):
         _step(model, optimizer, generator)
@@ -195,6 +196,6 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     low_rank = next(g for g in twin.param_groups if "rank" in g)
     assert low_rank["solver"] == "svd" and low_rank["max_inv_p"] is None  # the values it was written with
     assert low_rank["sampled_step"] == "adaptive" and low_rank["row_bias_correction"] is False
-    assert low_rank["resample_every"] == 0 and low_rank["align_signs"] is False
+    assert low_rank["resample_every"] == 0 and low_rank["align_signs"] is False and low_rank["residual"] == "none"
     for a, b in zip(twins[0].parameters(), twins[1].parameters(), strict=True):
         assert torch.equal(a, b)
