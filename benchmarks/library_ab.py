@@ -3,6 +3,7 @@
 The library of `--against` (any git revision) is exported to a temporary folder and imported beside the working
 tree's, each under its own module name, so both step in one process on the same gradients; each figure is the
 median over the reps. For changes inside a step that no option switches off (how a draw rearranges the pool).
+Each library runs at its own defaults, so a default that changed between the two is part of what is compared.
 
     python benchmarks/library_ab.py --against 157a6b3 [--optimizer PlumageAdamW] [--sizes 60m,350m] [--reps 15]
 """
@@ -11,19 +12,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from step_time import SIZES, layer_shapes, random_tensors  # noqa: E402 - benchmarks/ is on sys.path
+from step_time import SIZES, layer_shapes, random_tensors, step_once, time_interleaved  # noqa: E402 - on sys.path
 
 
 def import_library(folder: Path):
@@ -46,14 +46,6 @@ def export(revision: str, into: Path) -> Path:
     return into
 
 
-def step(params, optimizer, grads) -> float:
-    for p, g in zip(params, grads, strict=True):
-        p.grad = g
-    start = time.perf_counter()
-    optimizer.step()
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", required=True, help="the git revision to compare the working tree with")
@@ -72,17 +64,13 @@ def main() -> None:
             h, i, rank = SIZES[size]
             shapes = list(layer_shapes(h, i).values())
             grads = random_tensors(shapes, torch.device("cpu"), seed=1)
-            arms = {}
+            steps = {}
             for label, library in libraries.items():
                 params = [torch.nn.Parameter(t) for t in random_tensors(shapes, torch.device("cpu"), seed=0, scale=0.02)]
                 optimizer = getattr(library, args.optimizer)([{"params": params, "rank": rank, "update_proj_gap": 10**9}])
-                step(params, optimizer, grads)  # the first step builds the basis and the moments
-                arms[label] = (params, optimizer)
-            times = {label: [] for label in arms}
-            for _ in range(args.reps):
-                for label, arm in arms.items():
-                    times[label].append(step(*arm, grads))
-            medians = {label: statistics.median(t) * 1e3 for label, t in times.items()}
+                steps[label] = partial(step_once, optimizer, params, grads)
+                steps[label]()  # the first step builds the basis and the moments
+            medians = {label: t * 1e3 for label, t in time_interleaved(steps, args.reps, torch.device("cpu"), size).items()}
             for label, ms in medians.items():
                 print(f"| {size} | {label} | {ms:.2f} | {ms / medians[args.against]:.3f} |", flush=True)
 

@@ -10,15 +10,14 @@ median over the reps, and every ratio is against GaLoreAdamW without the complem
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_time import SIZES, layer_shapes, random_tensors  # noqa: E402 - benchmarks/ is on sys.path
+from step_time import SIZES, layer_shapes, random_tensors, step_once, time_interleaved  # noqa: E402 - on sys.path
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW  # noqa: E402
 
@@ -29,14 +28,6 @@ def build(cls, shapes, rank: int, residual: str):
     params = [torch.nn.Parameter(t) for t in random_tensors(shapes, torch.device("cpu"), seed=0, scale=0.02)]
     group = {"params": params, "rank": rank, "update_proj_gap": 10**9, "residual": residual}
     return params, cls([group], lr=1e-3)
-
-
-def step(params, optimizer, grads) -> float:
-    for p, g in zip(params, grads, strict=True):
-        p.grad = g
-    start = time.perf_counter()
-    optimizer.step()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -53,15 +44,12 @@ def main() -> None:
         h, i, rank = SIZES[size]
         shapes = list(layer_shapes(h, i).values())
         grads = random_tensors(shapes, torch.device("cpu"), seed=1)
-        arms = {(cls.__name__, residual): build(cls, shapes, rank, residual)
-                for cls in (GaLoreAdamW, PlumageAdamW) for residual in RESIDUALS}
-        for arm in arms.values():
-            step(*arm, grads)  # the first step builds the basis and the moments
-        times = {key: [] for key in arms}
-        for _ in range(args.reps):
-            for key, arm in arms.items():
-                times[key].append(step(*arm, grads))
-        medians = {key: statistics.median(t) * 1e3 for key, t in times.items()}
+        steps = {(cls.__name__, residual): partial(step_once, optimizer, params, grads)
+                 for cls in (GaLoreAdamW, PlumageAdamW) for residual in RESIDUALS
+                 for params, optimizer in [build(cls, shapes, rank, residual)]}
+        for step in steps.values():
+            step()  # the first step builds the basis and the moments
+        medians = {key: t * 1e3 for key, t in time_interleaved(steps, args.reps, torch.device("cpu"), size).items()}
         base = medians[("GaLoreAdamW", "none")]
         for (name, residual), ms in medians.items():
             print(f"| {size} | {name} | {residual} | {ms:.2f} | {ms / base:.2f} |", flush=True)
