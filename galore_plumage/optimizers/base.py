@@ -242,13 +242,14 @@ class LowRankOptimizer(Optimizer):
         where = f"low-rank group {index}: "
         check_options({o.key: group[o.key] for o in OPTIONS}, where=where)
         # a row-bias correction or a residual switched on must fit this backend (the table's rule) and have one set of
-        # rows
-        for key, off in (("row_bias_correction", False), ("residual", "none")):
-            if group[key] != off and (key != "residual" or residual_rule(group, spec.cls) != "none"):
-                check_options({key: group[key]}, backend.name, spec.cls, where)
-                if spec.tensors or group["proj_type"] == "full":
-                    raise ValueError(f"{key}={group[key]!r} (low-rank group {index}) needs a one-sided projection; got "
-                                     f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop {key}")
+        # rows (plumage_*'s residual default is off where it cannot apply: residual_rule)
+        switched_on = {"row_bias_correction": group["row_bias_correction"],
+                       "residual": residual_rule(group, spec.cls) != "none"}
+        for key in (key for key, on in switched_on.items() if on):
+            check_options({key: group[key]}, backend.name, spec.cls, where)
+            if spec.tensors or group["proj_type"] == "full":
+                raise ValueError(f"{key}={group[key]!r} (low-rank group {index}) needs a one-sided projection; got "
+                                 f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop {key}")
         # the projector validates rank, gap, scale, proj_type, and tau_max against the gap
         build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
-from .residual import PLUMAGE_RESIDUAL, RESIDUALS
+from .residual import PLUMAGE_RESIDUAL, RESIDUALS, why_no_complement
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
@@ -80,12 +80,7 @@ def _needs_singular_vectors(backend: str, projector_cls) -> str | None:
 
 
 def _needs_orthonormal_basis(backend: str, projector_cls) -> str | None:
-    if not projector_cls.signed:
-        return (f"it moves the gradient outside an orthonormal basis, but projector {projector_cls.name!r} does not make "
-                "one (its G − P Pᵀ G is not the complement)")
-    if projector_cls.tensors:
-        return f"it needs a one-sided projection of a matrix, but projector {projector_cls.name!r} projects every mode"
-    return None
+    return why_no_complement(projector_cls)
 
 
 def _needs_adamw(backend: str, projector_cls) -> str | None:

@@ -28,13 +28,23 @@ RESIDUALS = ("none", "norm_matched")
 PLUMAGE_RESIDUAL = "norm_matched"  # plumage_*'s default where the backend normalizes (options.py; docs/results.md §3)
 
 
+def why_no_complement(projector_cls) -> str | None:
+    """Why `projector_cls` makes no basis whose complement G − P R this module can move (None: it makes one)."""
+    if not projector_cls.signed:
+        return (f"it moves the gradient outside an orthonormal basis, but projector {projector_cls.name!r} does not make "
+                "one (its G − P Pᵀ G is not the complement)")
+    if projector_cls.tensors:
+        return f"it needs a one-sided projection of a matrix, but projector {projector_cls.name!r} projects every mode"
+    return None
+
+
 def residual_rule(group: dict, projector_cls) -> str:
     """The group's `residual`, or "none" where plumage_*'s default cannot apply: a basis that is not orthonormal
     (FLORA's) or not one-sided (Tucker, proj_type "full"). A family default that does nothing for another projector
     is harmless, as the projector's own options are (base.projector_options); an option given by name is refused
     where it cannot apply before it reaches a group (options.check_optimizer_options)."""
     value = group["residual"]
-    fits = projector_cls.signed and not projector_cls.tensors and group["proj_type"] != "full"
+    fits = why_no_complement(projector_cls) is None and group["proj_type"] != "full"
     return value if fits or value != PLUMAGE_RESIDUAL else "none"
 
 

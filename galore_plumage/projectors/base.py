@@ -445,40 +445,28 @@ class Projector:
         weight) compute project_back and add it."""
         self._require_ready("add_back")
         self._follow_device(low.device)
-        if outside is not None:
-            self._add_back_and_outside(target, low, alpha, outside)
-            return
-        if len(self.factors) != 1 or target.dim() != 2 or target.dtype != low.dtype:
+        one_sided = len(self.factors) == 1 and target.dim() == 2
+        if outside is not None and not one_sided:
+            raise ValueError(f"the gradient outside the basis needs a one-sided projection of a matrix; this projector "
+                             f"has factors on modes {sorted(self.factors)} of a {target.dim()}-D weight")
+        if not one_sided or (outside is None and target.dtype != low.dtype):
             target.add_(self.project_back(low), alpha=alpha)
             return
         ((mode, factor),) = self.factors.items()
         if self.inv_p is not None:
             low = low * _along(self.inv_p, mode, 2)
-        factor = factor.to(low.dtype)  # a no-op unless the pool is stored in bfloat16
         alpha *= self.scale
-        if mode == 0:
+        if outside is not None:  # F's two terms share one product, F (α·scale·D⁻¹Z − β·w ⊙ R): G − F R is never written
+            low, alpha = alpha * low - outside.alpha * (outside.weights * outside.low_grad), 1.0
+        factor = factor.to(low.dtype)  # a no-op unless the pool is stored in bfloat16
+        if target.dtype != low.dtype:  # a bfloat16 weight with the outside: the float32 product, rounded once
+            target.add_(mode_product(low, factor, mode).to(target.dtype), alpha=alpha)
+        elif mode == 0:
             target.addmm_(factor, low, alpha=alpha)  # P Z: (m × r)(r × n)
         else:
             target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
-
-    def _add_back_and_outside(self, target: torch.Tensor, low: torch.Tensor, alpha: float, outside: Outside) -> None:
-        """add_back with the gradient's part outside the basis. F's two terms share one product,
-        F (alpha · scale · D⁻¹ Z − β · w ⊙ R), so G − F R is never written out: one addmm and one addcmul (β w ⊙ G)."""
-        if len(self.factors) != 1 or target.dim() != 2:
-            raise ValueError(f"the gradient outside the basis needs a one-sided projection of a matrix; this projector "
-                             f"has factors on modes {sorted(self.factors)} of a {target.dim()}-D weight")
-        ((mode, factor),) = self.factors.items()
-        if self.inv_p is not None:
-            low = low * _along(self.inv_p, mode, 2)
-        inside = (alpha * self.scale) * low - outside.alpha * (outside.weights * outside.low_grad)
-        factor = factor.to(inside.dtype)  # a no-op unless the pool is stored in bfloat16
-        if target.dtype != inside.dtype:  # a bfloat16 weight: the float32 product, rounded once
-            target.add_(mode_product(inside, factor, mode).to(target.dtype))
-        elif mode == 0:
-            target.addmm_(factor, inside)  # F (·): (m × r)(r × n)
-        else:
-            target.addmm_(inside, factor.T)  # (·) Fᵀ: (m × r)(r × n)
-        target.addcmul_(outside.grad, outside.weights.to(outside.grad.dtype), value=outside.alpha)
+        if outside is not None:
+            target.addcmul_(outside.grad, outside.weights.to(outside.grad.dtype), value=outside.alpha)  # β w ⊙ G
 
     def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""
