@@ -110,12 +110,25 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "plumage_cap1_residual_scaled": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--residual_scale", "0.25",
                                                        *plumage_flags(max_inv_p=1, resample_every=1, residual="norm_matched")],
                                      (5e-3, 1e-2, 7e-3)),
+    # the default with the limiter's reference not taken on a refresh step (residual_limiter "steady"): Fira's limiter
+    # takes it there, where the complement of a basis fitted to that gradient is near zero, and then holds the
+    # complement at 1-2 % of its size for the rest of the interval (runs/phi_probe.py); at full size, and at a quarter
+    **{f"plumage_cap1_steady{suffix}": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+        max_inv_p=1, resample_every=1, residual="norm_matched"), "--residual_limiter", "steady", *extra], lrs)
+       for suffix, extra, lrs in (("", [], (5e-3,)), ("_quarter", ["--residual_scale", "0.25"], (5e-3,)),
+                                  ("_gap200", ["--update_proj_gap", "200"], (5e-3,)))},
     # the refresh interval τ, for GaLore's recipe and the default alike (the protocol's τ = 40 is neither's tuned value)
-    **{f"{label}_gap{gap}": (optimizer, [*flags, "--update_proj_gap", str(gap)], (3e-3,))
-       for label, optimizer, flags in (
-           ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"]),
-           ("plumage_cap1", "plumage_adamw", ["--galore_scale", "0.25", *plumage_flags(max_inv_p=1, resample_every=1)]))
+    **{f"{label}_gap{gap}": (optimizer, [*flags, "--update_proj_gap", str(gap)], lrs[gap])
+       for label, optimizer, flags, lrs in (
+           ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"], {20: (3e-3, 5e-3), 100: (3e-3,), 200: (5e-3,)}),
+           ("plumage_cap1", "plumage_adamw", ["--galore_scale", "0.25", *plumage_flags(max_inv_p=1, resample_every=1)],
+            dict.fromkeys((20, 100, 200), (3e-3,))),
+           ("plumage_cap1_residual", "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+               max_inv_p=1, resample_every=1, residual="norm_matched")], dict.fromkeys((20, 100, 200), (5e-3,))))
        for gap in (20, 100, 200)},
+    # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
+    # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
+    "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
     # the default with twice GaLore's scale on the projected update (the other groups keep the lr)
     "plumage_cap1_scale05": ("plumage_adamw", ["--galore_scale", "0.5",
                                                *plumage_flags(max_inv_p=1, resample_every=1)], (3e-3,)),

@@ -78,7 +78,9 @@ class Recorder:
         self.records.append(record)
 
 
-def run_arm(label: str, flags: list[str], args) -> dict:
+def train_observed(flags: list[str], args, make_observer) -> tuple[object, float, list[float]]:
+    """Train llama_tiny (torchrun_main.py's flags and data, no checkpoints) with make_observer(optimizer, names) on
+    its step_observers, whose `update` attribute is set before each update: (the observer, eval loss, train losses)."""
     argv = [*flags, "--model_config", args.model_config, "--rank", str(args.rank), "--update_proj_gap",
             str(args.update_proj_gap), "--lr", str(args.lr), "--batch_size", str(args.batch_size), "--max_length",
             str(args.max_length), "--num_training_steps", str(args.steps), "--warmup_steps", str(args.steps // 10),
@@ -92,11 +94,11 @@ def run_arm(label: str, flags: list[str], args) -> dict:
     optimizer = make_optimizer(config, model)
     scheduler = build_scheduler(optimizer, config.scheduler, config.warmup_steps, config.num_training_steps,
                                 config.min_lr_ratio)
-    recorder = Recorder(optimizer, {p: n for n, p in model.named_parameters()})
-    optimizer.step_observers.append(recorder)
+    observer = make_observer(optimizer, {p: n for n, p in model.named_parameters()})
+    optimizer.step_observers.append(observer)
     losses = []
     for update in range(config.num_training_steps):
-        recorder.update = update
+        observer.update = update
         batch = batches.next()
         loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
@@ -105,6 +107,11 @@ def run_arm(label: str, flags: list[str], args) -> dict:
         scheduler.step()
         losses.append(loss.item())
     eval_loss, _ = evaluate(model, batches.validation, context, contextlib.nullcontext)
+    return observer, eval_loss, losses
+
+
+def run_arm(label: str, flags: list[str], args) -> dict:
+    recorder, eval_loss, losses = train_observed(flags, args, Recorder)
     out = ROOT / "runs" / "step_anatomy"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{label}.jsonl").write_text("\n".join(json.dumps(r) for r in recorder.records) + "\n")

@@ -125,7 +125,7 @@ class Backend:
 
 def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group: dict, param: torch.Tensor,
                     projector: Projector, total=lambda x: x, grad: torch.Tensor | None = None,
-                    residual: str = "none") -> Update:
+                    residual: str = "none", fitted: bool = False) -> Update:
     """The backend's update of a low-rank weight, its sampled rows moved as `group["sampled_step"]` says, and the
     complement's weights when `residual` (the group's, as residual_rule reads it) moves the gradient outside the basis
     (it needs the full `grad`)."""
@@ -136,7 +136,8 @@ def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group
             raise ValueError(f"residual={residual!r} moves the gradient outside the basis, so it needs the "
                              "full gradient: step with grad=, not a projected low_grad")
         (mode,) = modes
-        phi = complement_weights(update.direction, low_grad, grad, mode, state, total, unit=update.unit)
+        phi = complement_weights(update.direction, low_grad, grad, mode, state, total, unit=update.unit, fitted=fitted,
+                                 limiter=group["residual_limiter"])
         update = update._replace(complement=phi)
     if group["sampled_step"] == "norm_matched" and projector.inv_p is not None:
         (mode,) = modes
@@ -302,7 +303,7 @@ class LowRankOptimizer(Optimizer):
         state["step"] += 1
         group = where.group_for(group, backend, param, low_grad)
         update = low_rank_update(backend, state, low_grad, group, weight, projector, total=where.total_for(param),
-                                 grad=grad, residual=self.residual_for(group, projector))
+                                 grad=grad, residual=self.residual_for(group, projector), fitted=refreshed)
         for observe in self.step_observers:
             observe(param, projector, update, state, refreshed)
         apply_update(weight, update, projector, backend.decay_first, grad, low_grad, group["residual_scale"])

@@ -25,6 +25,10 @@ import torch
 from .limiter import growth_factor
 
 RESIDUALS = ("none", "norm_matched")
+# where the norm-growth limiter takes its reference: "fira" every step; "steady" every step but a refresh's, where the
+# basis was just fitted to this very gradient, so G⊥ is near zero (~1 % of ‖G‖² on llama_tiny) and, as the reference,
+# would hold the complement near zero for hundreds of steps (the limiter lets it regrow by 1 % a step)
+LIMITERS = ("fira", "steady")
 PLUMAGE_RESIDUAL = "norm_matched"  # plumage_*'s default where the backend normalizes (options.py; docs/results.md §3)
 
 
@@ -49,12 +53,14 @@ def residual_rule(group: dict, projector_cls) -> str:
 
 
 def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: torch.Tensor, mode: int, state: dict,
-                       total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x, unit: float = 1.0) -> torch.Tensor:
+                       total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x, unit: float = 1.0,
+                       fitted: bool = False, limiter: str = "fira") -> torch.Tensor:
     """φ, shaped to broadcast along axis `mode` (the basis's axis): ‖Z‖ / ‖R‖ per column, limited in norm growth.
 
     `state["residual_norm"]` keeps the previous ‖φ ⊙ G⊥‖ / `unit` for the limiter (`unit`: what Z carries beyond the
     backend's normalized step, base.Update.unit; Fira limits AdamW's M/√V, before lr and bias correction); `total`
-    sums a squared norm over the pieces of a sharded tensor (identity for a whole one)."""
+    sums a squared norm over the pieces of a sharded tensor (identity for a whole one). `fitted`: the basis was made
+    from `grad` this step (a refresh); with limiter "steady" that step is neither limited nor the next reference."""
     z_norm = direction.norm(dim=mode, keepdim=True)
     r_norm_sq = low_grad.square().sum(dim=mode, keepdim=True)
     r_norm = r_norm_sq.sqrt()
@@ -63,6 +69,8 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
     # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
     grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # one pass, no temporary
     outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
+    if fitted and limiter == "steady":
+        return phi
     size = total((phi.square() * outside_sq).sum()).sqrt() / unit
     return phi * growth_factor(size, state, "residual_norm")
 

@@ -32,6 +32,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "pool_factor": (["--pool_factor", "3"], 3),
     "pool_bf16": (["--pool_bf16"], True),
     "residual": (["--residual", "norm_matched"], "norm_matched"),
+    "residual_limiter": (["--residual_limiter", "steady"], "steady"),
     "residual_scale": (["--residual_scale", "0.25"], 0.25),
 }
 

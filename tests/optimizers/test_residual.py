@@ -94,6 +94,47 @@ def test_a_zero_previous_norm_does_not_freeze_the_complement():
     assert complement_weights(z, low, grad, 0, state).abs().sum() > 0
 
 
+def test_the_steady_limiter_takes_no_reference_on_a_refresh_step():
+    z, low, grad = _gradient((4, 7), 5), _gradient((4, 7), 6), _gradient((10, 7), 7)
+    state = {}
+    complement_weights(z, low, grad, 0, state)
+    size = state["residual_norm"].clone()
+    unlimited = complement_weights(10 * z, low, grad, 0, state, fitted=True, limiter="steady")
+    torch.testing.assert_close(unlimited, 10 * complement_weights(z, low, grad, 0, {}), rtol=1e-12, atol=0)
+    assert torch.equal(state["residual_norm"], size)  # the refresh step's size is not the next reference
+    complement_weights(0.001 * z, low, grad, 0, state, fitted=True, limiter="fira")  # Fira's takes it there too
+    torch.testing.assert_close(state["residual_norm"], 0.001 * size, rtol=1e-12, atol=0)
+
+
+def _complement_moves(limiter: str) -> list[float]:
+    """‖the step outside span(P)‖ at each of 5 updates of GaLoreAdamW (rank 2, τ = 3); the gradients share a rank-2
+    part and differ by noise, except update 4's (a refresh), whose noise is 1000x smaller: its own basis leaves a
+    complement near zero, as a refresh does on real gradients (1 % of ‖G‖² on llama_tiny)."""
+    generator = torch.Generator().manual_seed(0)
+    shared = torch.randn(8, 2, generator=generator, dtype=torch.float64) @ torch.randn(2, 12, generator=generator,
+                                                                                      dtype=torch.float64)
+    weight = nn.Parameter(torch.zeros(8, 12, dtype=torch.float64))
+    optimizer = GaLoreAdamW([{"params": [weight], "rank": 2, "update_proj_gap": 3, "residual": "norm_matched",
+                              "residual_limiter": limiter}], lr=0.1)
+    moves = []
+    for update in range(1, 6):
+        noise = 1e-3 if update == 4 else 0.3
+        weight.grad = 10 * shared + noise * torch.randn(8, 12, generator=generator, dtype=torch.float64)
+        start = weight.detach().clone()
+        optimizer.step()
+        moved = weight.detach() - start
+        basis = optimizer._projectors[weight].factors[0]
+        moves.append((moved - basis @ basis.T @ moved).norm().item())
+    return moves
+
+
+def test_fira_limiter_holds_the_complement_near_zero_after_a_refresh_and_steady_does_not():
+    fira, steady = _complement_moves("fira"), _complement_moves("steady")
+    assert fira[:3] == steady[:3]  # identical until the second refresh
+    assert fira[4] < 0.01 * fira[2]  # after it, Fira's reference is update 4's near-zero complement
+    assert steady[4] > 0.5 * steady[2]  # steady's is still update 3's
+
+
 @pytest.mark.parametrize("cls,extra", [(GaLoreAdamW, {}), (PlumageAdamW, {"max_inv_p": None, "resample_every": 0}),
                                        (GaLoreAdamW, {"residual_scale": 0.3})],
                          ids=["galore", "plumage-paper", "galore-residual_scale"])
