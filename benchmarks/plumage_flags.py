@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-# the paper's exact estimator; an arm names each option in this order (run_cache compares recorded commands)
+# the paper's estimator; an arm names each option in this order (run_cache compares recorded commands)
 PAPER = {"sampled_step": "adaptive", "max_inv_p": "none", "row_bias_correction": False, "resample_every": 0,
          "residual": "none"}
+# with a complement, how it moves is named too, right after --residual: Fira's limiter and step size unless given
+COMPLEMENT = {"residual_limiter": "fira", "residual_scale": 1.0}
 
 
 def plumage_flags(**options) -> list[str]:
     """torchrun_main.py flags for the paper's estimator with `options` changed (bools as --key / --no-key)."""
+    chosen = {**PAPER, **options}
+    if chosen["residual"] != "none":
+        chosen = {**PAPER, **COMPLEMENT, **options}
+        chosen = {key: chosen[key] for key in dict.fromkeys([*PAPER, *COMPLEMENT, *options])}
     flags = []
-    for key, value in {**PAPER, **options}.items():
+    for key, value in chosen.items():
         if isinstance(value, bool):
             flags.append(f"--{key}" if value else f"--no-{key}")
         else:

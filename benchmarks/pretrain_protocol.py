@@ -107,16 +107,17 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
         max_inv_p=1, resample_every=1, residual="norm_matched")], (3e-3, 5e-3, 7e-3)),
     # ... with the complement's step scaled as the basis's is (residual_scale = scale = 0.25): Fira's unscaled complement
     # moves each column 4x as far as the basis moves it
-    "plumage_cap1_residual_scaled": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--residual_scale", "0.25",
-                                                       *plumage_flags(max_inv_p=1, resample_every=1, residual="norm_matched")],
+    "plumage_cap1_residual_scaled": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+        max_inv_p=1, resample_every=1, residual="norm_matched", residual_scale=0.25)],
                                      (5e-3, 1e-2, 7e-3)),
     # the default with the limiter's reference not taken on a refresh step (residual_limiter "steady"): Fira's limiter
     # takes it there, where the complement of a basis fitted to that gradient is near zero, and then holds the
     # complement at 1-2 % of its size for the rest of the interval (runs/phi_probe.py); at full size, and at a quarter
-    **{f"plumage_cap1_steady{suffix}": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
-        max_inv_p=1, resample_every=1, residual="norm_matched"), "--residual_limiter", "steady", *extra], lrs)
-       for suffix, extra, lrs in (("", [], (5e-3,)), ("_quarter", ["--residual_scale", "0.25"], (5e-3,)),
-                                  ("_gap200", ["--update_proj_gap", "200"], (5e-3,)))},
+    **{f"plumage_cap1_steady{name}{gap_name}": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+        max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=scale), *gap],
+        (5e-3, 3e-3, 7e-3) if name == "_quarter" and not gap else (5e-3,))
+       for name, scale in (("", 1.0), ("_quarter", 0.25), ("_tenth", 0.1))
+       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # the refresh interval τ, for GaLore's recipe and the default alike (the protocol's τ = 40 is neither's tuned value)
     **{f"{label}_gap{gap}": (optimizer, [*flags, "--update_proj_gap", str(gap)], lrs[gap])
        for label, optimizer, flags, lrs in (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
-from .residual import LIMITERS, PLUMAGE_RESIDUAL, RESIDUALS, why_no_complement
+from .residual import LIMITERS, PLUMAGE_LIMITER, PLUMAGE_RESIDUAL, PLUMAGE_RESIDUAL_SCALE, RESIDUALS, why_no_complement
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
@@ -156,10 +156,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("residual_limiter", "fira", "with residual='norm_matched': where the norm-growth limiter takes its reference: "
            "'fira' (every step) or 'steady' (not on a refresh step, whose basis was fitted to that gradient and leaves "
            "the complement near zero, which as the reference holds it near zero for hundreds of steps)",
-           _check_choice("residual_limiter", LIMITERS), ("off", None, 1), choices=LIMITERS),
+           _check_choice("residual_limiter", LIMITERS), ("off", None, 1), plumage=PLUMAGE_LIMITER, choices=LIMITERS),
     Option("residual_scale", 1.0, "with residual='norm_matched': multiply the complement's step by this (1: Fira's, the "
            "step size Adam gives each column inside the basis; `scale` for the basis's own relative size)",
-           _check_residual_scale, (0, -1.0, math.inf, math.nan, True, "1"), parse=float),
+           _check_residual_scale, (0, -1.0, math.inf, math.nan, True, "1"), plumage=PLUMAGE_RESIDUAL_SCALE, parse=float),
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
            "at a refresh starts at Adam's step size", check_bool("row_bias_correction"), ("yes", 1, None),
            applies=_needs_adamw),

@@ -30,6 +30,10 @@ RESIDUALS = ("none", "norm_matched")
 # would hold the complement near zero for hundreds of steps (the limiter lets it regrow by 1 % a step)
 LIMITERS = ("fira", "steady")
 PLUMAGE_RESIDUAL = "norm_matched"  # plumage_*'s default where the backend normalizes (options.py; docs/results.md §3)
+# ... moved at a quarter of Fira's step and limited steadily (session 12): as good as Fira's limiter at the protocol's
+# τ = 40, where that limiter keeps 3-5 % of the complement anyway, and far better at τ = 200, where it lets the complement
+# regrow to full size, which costs 0.1 nats (docs/results.md §3)
+PLUMAGE_LIMITER, PLUMAGE_RESIDUAL_SCALE = "steady", 0.25
 
 
 def why_no_complement(projector_cls) -> str | None:
@@ -70,6 +74,8 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
     grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # one pass, no temporary
     outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
     if fitted and limiter == "steady":
+        # no reference from this update; a zero one (the first update's) limits nothing and keeps the state's layout
+        state.setdefault("residual_norm", torch.zeros((), dtype=phi.dtype, device=phi.device))
         return phi
     size = total((phi.square() * outside_sq).sum()).sqrt() / unit
     return phi * growth_factor(size, state, "residual_norm")

@@ -153,7 +153,10 @@ def test_one_step_is_adams_step_in_the_basis_plus_the_scaled_complement(cls, ext
     adam = (0.1 * low) / ((0.001 * low.square()).sqrt() + 1e-6)  # M / (√V + ε) after one step
     step_size = 0.1 * math.sqrt(1 - 0.999) / (1 - 0.9)
     inv_p = projector.inv_p.view(-1, 1) if projector.inv_p is not None else 1.0
-    phi = extra.get("residual_scale", 1.0) * adam.norm(dim=0, keepdim=True) / low.norm(dim=0, keepdim=True)
+    # the group's residual_scale: the one given, else the family's (GaLore 1, Fira's; plumage_* 0.25)
+    residual_scale = optimizer.param_groups[0]["residual_scale"]
+    assert residual_scale == extra.get("residual_scale", 0.25 if cls is PlumageAdamW else 1.0)
+    phi = residual_scale * adam.norm(dim=0, keepdim=True) / low.norm(dim=0, keepdim=True)
     expected = start - step_size * (0.25 * basis @ (inv_p * adam) + phi * (grad - basis @ low))
     torch.testing.assert_close(weight.detach(), expected, rtol=1e-10, atol=1e-12)
     # and the complement is what residual='none' leaves out: the step has a part outside span(P)
