@@ -11,7 +11,6 @@ reference and lets the complement regrow by only 1 % an update (optimizers/resid
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from plumage_flags import plumage_flags  # noqa: E402 - benchmarks/ is on sys.path when this file runs
-from step_anatomy import train_observed  # noqa: E402
+from step_anatomy import parse_observed_args, train_observed  # noqa: E402
 
 DEFAULT = ["--optimizer", "plumage_adamw", "--galore_scale", "0.25", "--pool_bf16",
            *plumage_flags(max_inv_p=1, resample_every=1, residual="norm_matched")]
@@ -66,22 +65,7 @@ def bucket_rows(records: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS))
-    parser.add_argument("--model_config", default="configs/llama_tiny.json")
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--lr", type=float, default=5e-3)
-    parser.add_argument("--rank", type=int, default=64)
-    parser.add_argument("--update_proj_gap", type=int, default=40)
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--max_length", type=int, default=64)
-    parser.add_argument("--eval_tokens", type=int, default=20_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="docs/complement_anatomy.md")
-    args = parser.parse_args()
-    unknown = [a for a in args.arms if a not in ARMS]
-    if unknown:
-        parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
+    args = parse_observed_args(__doc__, ARMS, steps=120, lr=5e-3, out="docs/complement_anatomy.md")
     torch.set_num_threads(1)
     lines = [f"# Complement anatomy ({Path(args.model_config).stem}, {args.steps} updates, lr {args.lr:g}, rank {args.rank}, "
              f"τ {args.update_proj_gap}, seed {args.seed})", "",

@@ -148,27 +148,33 @@ def summarize(records: list[dict], eval_loss: float, train_loss: float) -> dict:
     }
 
 
-def _two(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS))
+def parse_observed_args(doc: str, arms: dict, steps: int, lr: float, out: str) -> argparse.Namespace:
+    """The command line of a script built on train_observed: its arms, the training run's flags, the report's path."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--arms", type=lambda s: s.split(","), default=list(arms))
     parser.add_argument("--model_config", default="configs/llama_tiny.json")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument("--rank", type=int, default=64)
     parser.add_argument("--update_proj_gap", type=int, default=40)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--max_length", type=int, default=64)
     parser.add_argument("--eval_tokens", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="docs/step_anatomy.md")
+    parser.add_argument("--out", default=out)
     args = parser.parse_args()
-    unknown = [a for a in args.arms if a not in ARMS]
+    unknown = [a for a in args.arms if a not in arms]
     if unknown:
-        parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
+        parser.error(f"unknown arms {unknown}; choose from {', '.join(arms)}")
+    return args
+
+
+def _two(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def main() -> None:
+    args = parse_observed_args(__doc__, ARMS, steps=200, lr=1e-3, out="docs/step_anatomy.md")
     rows = []
     for label in args.arms:
         s = run_arm(label, ARMS[label], args)
