@@ -11,10 +11,8 @@ COMPLEMENT = {"residual_limiter": "fira", "residual_scale": 1.0}
 
 def plumage_flags(**options) -> list[str]:
     """torchrun_main.py flags for the paper's estimator with `options` changed (bools as --key / --no-key)."""
-    chosen = {**PAPER, **options}
-    if chosen["residual"] != "none":
-        chosen = {**PAPER, **COMPLEMENT, **options}
-        chosen = {key: chosen[key] for key in dict.fromkeys([*PAPER, *COMPLEMENT, *options])}
+    complement = COMPLEMENT if options.get("residual", PAPER["residual"]) != "none" else {}
+    chosen = {**PAPER, **complement, **options}  # a merge keeps each key where it first came: PAPER's order, then these
     flags = []
     for key, value in chosen.items():
         if isinstance(value, bool):

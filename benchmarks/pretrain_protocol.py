@@ -112,7 +112,8 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                      (5e-3, 1e-2, 7e-3)),
     # the default with the limiter's reference not taken on a refresh step (residual_limiter "steady"): Fira's limiter
     # takes it there, where the complement of a basis fitted to that gradient is near zero, and then holds the
-    # complement at 1-2 % of its size for the rest of the interval (runs/phi_probe.py); at full size, and at a quarter
+    # complement at 3-5 % of its size for the rest of the interval (docs/complement_anatomy.md); at full size, and at a
+    # quarter
     **{f"plumage_cap1_steady{name}{gap_name}": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
         max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=scale), *gap],
         (5e-3, 3e-3, 7e-3) if name == "_quarter" and not gap else (5e-3,))
