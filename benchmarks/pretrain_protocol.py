@@ -116,18 +116,33 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # quarter
     **{f"plumage_cap1_steady{name}{gap_name}": ("plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
         max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=scale), *gap],
-        (5e-3, 3e-3, 7e-3) if name == "_quarter" and not gap else (5e-3,))
+        (5e-3, 3e-3, 7e-3) if name == "_quarter" and gap_name != "_gap20" else (5e-3,))
        for name, scale in (("", 1.0), ("_quarter", 0.25), ("_tenth", 0.1))
-       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for gap_name, gap in (("", []), ("_gap20", ["--update_proj_gap", "20"]), ("_gap200", ["--update_proj_gap", "200"]))},
     # the refresh interval τ, for GaLore's recipe and the default alike (the protocol's τ = 40 is neither's tuned value)
     **{f"{label}_gap{gap}": (optimizer, [*flags, "--update_proj_gap", str(gap)], lrs[gap])
        for label, optimizer, flags, lrs in (
-           ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"], {20: (3e-3, 5e-3), 100: (3e-3,), 200: (5e-3,)}),
+           ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"],
+            {20: (3e-3, 5e-3), 100: (3e-3,), 200: (5e-3, 3e-3, 7e-3)}),
            ("plumage_cap1", "plumage_adamw", ["--galore_scale", "0.25", *plumage_flags(max_inv_p=1, resample_every=1)],
             dict.fromkeys((20, 100, 200), (3e-3,))),
            ("plumage_cap1_residual", "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
                max_inv_p=1, resample_every=1, residual="norm_matched")], dict.fromkeys((20, 100, 200), (5e-3,))))
        for gap in (20, 100, 200)},
+    # the basis refreshed from a running average of the full gradient (refresh_ema f) instead of one batch's gradient,
+    # whose top-r subspace is partly that batch's noise: on the default of session 12 and on GaLore's recipe
+    **{f"{label}_ema{round(factor * 100)}{gap_name}": (optimizer, [*flags, "--refresh_ema", str(factor), *gap], (5e-3,))
+       for label, optimizer, flags in (
+           ("plumage_cap1_steady_quarter", "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+               max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady",
+               residual_scale=0.25)]),
+           ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"]))
+       for factor in (0.9, 0.97)
+       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+    # the default of session 12 without its complement (residual "none"), at the protocol's τ and at τ = 200
+    **{f"plumage_cap1_pool_bf16_no_complement{gap_name}": (
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(max_inv_p=1, resample_every=1), *gap],
+        (5e-3, 3e-3, 7e-3, 1e-2)) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),

@@ -149,6 +149,25 @@ def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group
     return update
 
 
+def refresh_target(state: dict, grad: torch.Tensor, factor: float, whole: bool) -> torch.Tensor:
+    """What a refresh decomposes: the step's gradient, or with `factor` (refresh_ema) > 0 the running average
+    E ← f E + (1 − f) G, advanced every step (a single batch's top-r subspace is partly that batch's noise)."""
+    if factor == 0:
+        return grad
+    if not whole:
+        raise ValueError(f"refresh_ema={factor} keeps a full-size average of each weight's gradient, which a weight "
+                         "sharded by FSDP2 does not support: set refresh_ema=0")
+    if "refresh_ema" not in state:
+        # in the dtype projections are computed in (float32, float64 for a float64 gradient)
+        state["refresh_ema"] = grad.detach().to(torch.float64 if grad.dtype == torch.float64 else torch.float32, copy=True)
+    else:
+        average = state["refresh_ema"]
+        # a non-finite gradient (a step the optimizer skips) must not poison every later refresh; no host sync
+        advanced = average.mul(factor).add_(grad, alpha=1.0 - factor)
+        average.copy_(torch.where(torch.isfinite(grad).all(), advanced, average))
+    return state["refresh_ema"]
+
+
 def resample_if_due(backend: Backend, state: dict, group: dict, projector: Projector) -> None:
     """PLUMAGE's κ (resample_every): after an update, draw the sampled rows again from the refresh's pool for the
     next one, and carry the moments to the new rows as a refresh would."""
@@ -294,9 +313,10 @@ class LowRankOptimizer(Optimizer):
         projector = self.projector_for(param, group)
         refreshed = False
         if low_grad is None:
+            target = refresh_target(state, grad, group["refresh_ema"], where is WHOLE)
             if projector.due(state["step"]):
                 count = projector.refresh_count
-                if not self._refresh(param, projector, grad, group, state, where, backend):
+                if not self._refresh(param, projector, target, group, state, where, backend):
                     return
                 refreshed = projector.refresh_count > count
             low_grad = projector.project(grad)
@@ -334,7 +354,8 @@ class LowRankOptimizer(Optimizer):
         if "rank" not in group:
             return True
         projector = self.projector_for(param, group)
-        return self.residual_for(group, projector) != "none" or projector.due(self.state[param].get("step", 0))
+        return (self.residual_for(group, projector) != "none" or group["refresh_ema"] > 0
+                or projector.due(self.state[param].get("step", 0)))
 
     def residual_for(self, group: dict, projector: Projector) -> str:
         """The group's `residual` as it applies to `projector` (plumage_*'s default is left out where it cannot)."""

@@ -41,11 +41,16 @@ class LayerwiseOptimizer:
         self.accumulation_steps = accumulation_steps
         complemented = [g for g in optimizer.param_groups
                         if "rank" in g and residual_rule(g, projector_spec(g["projector"]).cls) != "none"]
+        averaged = [g for g in optimizer.param_groups if "rank" in g and g["refresh_ema"] > 0]
         if accumulation_steps > 1 and complemented:
             warnings.warn("per-layer mode with gradient accumulation keeps each low-rank weight's full gradient until "
                           "its update, because the complement (residual='norm_matched', plumage_*'s default) reads "
                           "it; pass residual='none' (--residual none) to sum projected gradients instead and free "
                           "the full ones at once", stacklevel=2)
+        elif accumulation_steps > 1 and averaged:
+            warnings.warn("per-layer mode with gradient accumulation keeps each low-rank weight's full gradient until "
+                          "its update, because refresh_ema averages it at every step; pass refresh_ema=0 to sum "
+                          "projected gradients instead", stacklevel=2)
         self._micro_steps: dict[torch.Tensor, int] = {}
         self._handles = [
             param.register_post_accumulate_grad_hook(self._hook_for(index))

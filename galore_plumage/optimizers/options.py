@@ -51,6 +51,11 @@ def _check_residual_scale(value) -> None:
                          f"got {value!r}")
 
 
+def _check_refresh_ema(value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"refresh_ema must be a number in [0, 1) (0: refresh from the step's own gradient), got {value!r}")
+
+
 def parse_cap(text: str) -> float:
     """The flag's text: a number >= 1, or 'none'/'inf' for no cap (the paper's estimator)."""
     if str(text).strip().lower() in ("none", "inf"):
@@ -160,6 +165,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("residual_scale", 1.0, "with residual='norm_matched': multiply the complement's step by this (1: Fira's, the "
            "step size Adam gives each column inside the basis; `scale` for the basis's own relative size)",
            _check_residual_scale, (0, -1.0, math.inf, math.nan, True, "1"), plumage=PLUMAGE_RESIDUAL_SCALE, parse=float),
+    Option("refresh_ema", 0.0, "refresh the basis from an exponential average of the full gradients (this factor: "
+           "E ← f E + (1 − f) G every step) instead of the refresh step's own gradient, so the basis follows the "
+           "gradient's signal rather than one batch's noise; costs a full-size float32 buffer per weight and the full "
+           "gradient at every step; 0 = galore-torch's refresh", _check_refresh_ema, (1, -0.1, 1.5, math.nan, True, "0.9"),
+           parse=float),
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
            "at a refresh starts at Adam's step size", check_bool("row_bias_correction"), ("yes", 1, None),
            applies=_needs_adamw),

@@ -34,6 +34,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "residual": (["--residual", "norm_matched"], "norm_matched"),
     "residual_limiter": (["--residual_limiter", "steady"], "steady"),
     "residual_scale": (["--residual_scale", "0.25"], 0.25),
+    "refresh_ema": (["--refresh_ema", "0.9"], 0.9),
 }
 
 
