@@ -137,7 +137,7 @@ def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group
                              "full gradient: step with grad=, not a projected low_grad")
         (mode,) = modes
         phi = complement_weights(update.direction, low_grad, grad, mode, state, total, unit=update.unit, fitted=fitted,
-                                 limiter=group["residual_limiter"])
+                                 limiter=group["residual_limiter"], cap=group["residual_cap"])
         update = update._replace(complement=phi)
     if group["sampled_step"] == "norm_matched" and projector.inv_p is not None:
         (mode,) = modes

@@ -51,6 +51,17 @@ def _check_residual_scale(value) -> None:
                          f"got {value!r}")
 
 
+def _check_residual_cap(value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ValueError(f"residual_cap must be a number > 0 (or None / inf for Fira's uncapped complement), got {value!r}")
+
+
+def parse_optional(text: str) -> float | None:
+    """A flag's number, or None for 'none'/'inf'."""
+    value = parse_cap(text)
+    return None if value == math.inf else value
+
+
 def _check_refresh_ema(value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ValueError(f"refresh_ema must be a number in [0, 1) (0: refresh from the step's own gradient), got {value!r}")
@@ -165,6 +176,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("residual_scale", 1.0, "with residual='norm_matched': multiply the complement's step by this (1: Fira's, the "
            "step size Adam gives each column inside the basis; `scale` for the basis's own relative size)",
            _check_residual_scale, (0, -1.0, math.inf, math.nan, True, "1"), plumage=PLUMAGE_RESIDUAL_SCALE, parse=float),
+    Option("residual_cap", None, "with residual='norm_matched': no column of the complement's step longer than this "
+           "many times the same column of the backend's low-rank step Z (before scale and residual_scale): Fira's φ "
+           "moves a column by ‖G⊥‖/‖R‖ times Z, which grows without bound as the basis goes stale; None/inf (flag: "
+           "'none') = Fira's, no cap", _check_residual_cap, (0, -1.0, math.nan, True, "1"), parse=parse_optional),
     Option("refresh_ema", 0.0, "refresh the basis from an exponential average of the full gradients (this factor: "
            "E ← f E + (1 − f) G every step) instead of the refresh step's own gradient, so the basis follows the "
            "gradient's signal rather than one batch's noise; costs a full-size float32 buffer per weight and the full "

@@ -58,25 +58,35 @@ def residual_rule(group: dict, projector_cls) -> str:
 
 def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: torch.Tensor, mode: int, state: dict,
                        total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x, unit: float = 1.0,
-                       fitted: bool = False, limiter: str = "fira") -> torch.Tensor:
+                       fitted: bool = False, limiter: str = "fira", cap: float | None = None) -> torch.Tensor:
     """φ, shaped to broadcast along axis `mode` (the basis's axis): ‖Z‖ / ‖R‖ per column, limited in norm growth.
 
     `state["residual_norm"]` keeps the previous ‖φ ⊙ G⊥‖ / `unit` for the limiter (`unit`: what Z carries beyond the
     backend's normalized step, base.Update.unit; Fira limits AdamW's M/√V, before lr and bias correction); `total`
     sums a squared norm over the pieces of a sharded tensor (identity for a whole one). `fitted`: the basis was made
-    from `grad` this step (a refresh); with limiter "steady" that step is neither limited nor the next reference."""
+    from `grad` this step (a refresh); with limiter "steady" that step is neither limited nor the next reference.
+    `cap` (residual_cap): no column of φ ⊙ G⊥ longer than `cap` × the same column of Z, i.e. φ_j ≤ cap ‖Z_j‖ / ‖G⊥_j‖:
+    Fira's φ moves a column of G⊥ by ‖G⊥_j‖ / ‖R_j‖ times the basis's step, which grows without bound as the basis
+    goes stale and the gradient leaves it."""
     z_norm = direction.norm(dim=mode, keepdim=True)
     r_norm_sq = low_grad.square().sum(dim=mode, keepdim=True)
     r_norm = r_norm_sq.sqrt()
     # a column with no gradient in the basis gives no step size to copy: its complement does not move (0 · ∞ is NaN)
     phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
-    if fitted and limiter == "steady":
+    unreferenced = fitted and limiter == "steady"
+    if unreferenced and cap is None:
         # no reference from this update; a zero one (the first update's) limits nothing and keeps the state's layout
         state.setdefault("residual_norm", torch.zeros((), dtype=phi.dtype, device=phi.device))
         return phi
     # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
     grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # one pass, no temporary
     outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
+    if cap is not None:
+        ratio = cap * r_norm / outside_sq.sqrt().clamp_min(torch.finfo(r_norm.dtype).tiny)  # ‖G⊥_j‖ = 0: no cap needed
+        phi = phi * ratio.clamp(max=1.0)
+    if unreferenced:
+        state.setdefault("residual_norm", torch.zeros((), dtype=phi.dtype, device=phi.device))
+        return phi
     size = total((phi.square() * outside_sq).sum()).sqrt() / unit
     return phi * growth_factor(size, state, "residual_norm")
 

@@ -106,6 +106,29 @@ def test_the_steady_limiter_takes_no_reference_on_a_refresh_step():
     torch.testing.assert_close(state["residual_norm"], 0.001 * size, rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("fitted, limiter", [(False, "fira"), (True, "steady")])
+def test_the_cap_keeps_every_column_of_the_complement_within_cap_times_the_basis_step(fitted, limiter):
+    z, low, grad = _gradient((4, 7), 5), _gradient((4, 7), 6), _gradient((10, 7), 7)
+    low[:, 3] *= 20  # a column the basis holds almost whole: ‖G⊥‖ < ‖R‖, no cap on it
+    grad[:4] = low  # so that R = G's first four rows, as for a basis of the first four axes
+    outside = grad[4:].norm(dim=0)
+    uncapped = complement_weights(z, low, grad, 0, {}, fitted=fitted, limiter=limiter)
+    capped = complement_weights(z, low, grad, 0, {}, fitted=fitted, limiter=limiter, cap=0.5)
+    moved = capped.view(-1) * outside  # ‖φ_j G⊥_j‖ per column
+    assert (moved <= 0.5 * z.norm(dim=0) * (1 + 1e-12)).all()
+    binds = outside > 0.5 * low.norm(dim=0)
+    assert binds.any() and not binds.all()
+    torch.testing.assert_close(moved[binds], 0.5 * z.norm(dim=0)[binds], rtol=1e-12, atol=0)
+    torch.testing.assert_close(capped.view(-1)[~binds], uncapped.view(-1)[~binds], rtol=1e-12, atol=0)
+
+
+def test_the_cap_leaves_a_column_with_nothing_outside_the_basis_alone():
+    z, low = _gradient((4, 3), 5), _gradient((4, 3), 6)
+    grad = torch.cat([low, torch.zeros(6, 3, dtype=low.dtype)])  # G⊥ = 0: a cap has nothing to bound (0/0 is NaN)
+    capped = complement_weights(z, low, grad, 0, {}, cap=1.0)
+    torch.testing.assert_close(capped, complement_weights(z, low, grad, 0, {}), rtol=1e-12, atol=0)
+
+
 def _complement_moves(limiter: str) -> list[float]:
     """‖the step outside span(P)‖ at each of 5 updates of GaLoreAdamW (rank 2, τ = 3); the gradients share a rank-2
     part and differ by noise, except update 4's (a refresh), whose noise is 1000x smaller: its own basis leaves a
