@@ -46,14 +46,23 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     # the default since session 7: every drawn row takes Adam's step, none amplified by 1/p, drawn anew each update
     "plumage cap1 resample": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
                               "--resample_every", "1", "--no-pool_bf16", "--residual", "none"],
+    # ... with its pool in bfloat16 (the default of session 10)
+    "plumage cap1 resample bf16": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
+                                   "--resample_every", "1", "--pool_bf16", "--residual", "none"],
     # ... with its pool in bfloat16 and Fira's complement (residual norm_matched): the candidate default of session 11
     "plumage cap1 resample residual": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
                                        "--resample_every", "1", "--pool_bf16", "--residual", "norm_matched",
-                                       "--residual_limiter", "fira", "--residual_scale", "1.0"],
+                                       "--residual_limiter", "fira", "--residual_scale", "1.0", "--residual_cap", "none"],
     # ... with the complement at a quarter of Fira's step, limited steadily (no reference taken on a refresh's update)
     "plumage cap1 resample steady quarter": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p",
                                              "1", "--resample_every", "1", "--pool_bf16", "--residual", "norm_matched",
-                                             "--residual_limiter", "steady", "--residual_scale", "0.25"],
+                                             "--residual_limiter", "steady", "--residual_scale", "0.25",
+                                             "--residual_cap", "none"],
+    # ... with no column of the complement longer than half the basis's step on it: the default since session 13
+    "plumage cap1 resample steady quarter cap05": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive",
+                                                   "--max_inv_p", "1", "--resample_every", "1", "--pool_bf16",
+                                                   "--residual", "norm_matched", "--residual_limiter", "steady",
+                                                   "--residual_scale", "0.25", "--residual_cap", "0.5"],
     "lora": ["--peft", "lora", "--lora_alpha", "16"],
 }
 

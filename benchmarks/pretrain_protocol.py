@@ -143,9 +143,9 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # moves it by ‖G⊥‖/‖R‖ x that step, which grows as the basis goes stale (at τ = 200 the complement costs 0.06)
     **{f"plumage_cap1_steady_quarter_cap{str(cap).replace('.', '')}{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
-            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25),
-            "--residual_cap", str(cap), *gap], (5e-3,))
-       for cap in (1.0, 0.5) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
+            residual_cap=cap), *gap], (5e-3, 3e-3, 7e-3) if cap == 0.5 else (5e-3,))
+       for cap in (1.0, 0.5, 0.25) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # the default of session 12 without its complement (residual "none"), at the protocol's τ and at τ = 200
     **{f"plumage_cap1_pool_bf16_no_complement{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(max_inv_p=1, resample_every=1), *gap],

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
-from .residual import LIMITERS, PLUMAGE_LIMITER, PLUMAGE_RESIDUAL, PLUMAGE_RESIDUAL_SCALE, RESIDUALS, why_no_complement
+from .residual import (LIMITERS, PLUMAGE_LIMITER, PLUMAGE_RESIDUAL, PLUMAGE_RESIDUAL_CAP, PLUMAGE_RESIDUAL_SCALE, RESIDUALS,
+                       why_no_complement)
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
@@ -179,7 +180,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("residual_cap", None, "with residual='norm_matched': no column of the complement's step longer than this "
            "many times the same column of the backend's low-rank step Z (before scale and residual_scale): Fira's φ "
            "moves a column by ‖G⊥‖/‖R‖ times Z, which grows without bound as the basis goes stale; None/inf (flag: "
-           "'none') = Fira's, no cap", _check_residual_cap, (0, -1.0, math.nan, True, "1"), parse=parse_optional),
+           "'none') = Fira's, no cap", _check_residual_cap, (0, -1.0, math.nan, True, "1"), plumage=PLUMAGE_RESIDUAL_CAP,
+           parse=parse_optional),
     Option("refresh_ema", 0.0, "refresh the basis from an exponential average of the full gradients (this factor: "
            "E ← f E + (1 − f) G every step) instead of the refresh step's own gradient, so the basis follows the "
            "gradient's signal rather than one batch's noise; costs a full-size float32 buffer per weight and the full "

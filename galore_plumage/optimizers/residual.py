@@ -34,6 +34,10 @@ PLUMAGE_RESIDUAL = "norm_matched"  # plumage_*'s default where the backend norma
 # τ = 40, where that limiter keeps 3-5 % of the complement anyway, and far better at τ = 200, where it lets the complement
 # regrow to full size, which costs 0.1 nats (docs/results.md §3)
 PLUMAGE_LIMITER, PLUMAGE_RESIDUAL_SCALE = "steady", 0.25
+# ... and no column of it longer than half the basis's step on that column (session 13): Fira's φ moves a column by
+# ‖G⊥‖/‖R‖ times that step, which grows as the basis goes stale; capped, the complement stops costing at τ = 200 what it
+# gains at τ = 40 (docs/results.md §3)
+PLUMAGE_RESIDUAL_CAP = 0.5
 
 
 def why_no_complement(projector_cls) -> str | None:

@@ -180,7 +180,14 @@ def test_one_step_is_adams_step_in_the_basis_plus_the_scaled_complement(cls, ext
     residual_scale = optimizer.param_groups[0]["residual_scale"]
     assert residual_scale == extra.get("residual_scale", 0.25 if cls is PlumageAdamW else 1.0)
     phi = residual_scale * adam.norm(dim=0, keepdim=True) / low.norm(dim=0, keepdim=True)
-    expected = start - step_size * (0.25 * basis @ (inv_p * adam) + phi * (grad - basis @ low))
+    # ... each column held within residual_cap x the basis's step on it (plumage_*: 0.5; other families: no cap)
+    cap = optimizer.param_groups[0]["residual_cap"]
+    assert cap == (0.5 if cls is PlumageAdamW else None)
+    outside = grad - basis @ low
+    if cap is not None:
+        phi = phi * (cap * low.norm(dim=0, keepdim=True) / outside.norm(dim=0, keepdim=True)).clamp(max=1)
+        assert (phi < residual_scale * adam.norm(dim=0, keepdim=True) / low.norm(dim=0, keepdim=True)).any()  # binds
+    expected = start - step_size * (0.25 * basis @ (inv_p * adam) + phi * outside)
     torch.testing.assert_close(weight.detach(), expected, rtol=1e-10, atol=1e-12)
     # and the complement is what residual='none' leaves out: the step has a part outside span(P)
     moved = weight.detach() - start
