@@ -246,6 +246,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (set OMP_NUM_THREADS so they share the CPU)")
     parser.add_argument("--sweep-only", action="store_true", help="stop after the lr sweep")
     parser.add_argument("--report-only", action="store_true", help="only redraw from finished runs")
+    parser.add_argument("--reference", default=REFERENCE, help="the arm every other is paired against (GaLore's recipe "
+                        "at the same refresh interval)")
     args = parser.parse_args()
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown:
@@ -276,17 +278,18 @@ def main() -> None:
     finals = {label: [curves.get((label, best[label], s)) for s in args.seeds] for label in best}
     finals = {label: runs for label, runs in finals.items() if None not in runs}
     lines += ["", f"## 2. Seeds {','.join(map(str, args.seeds))} at each arm's best lr", "",
-              f"Paired difference: L_{REFERENCE} − L_arm per seed (positive = better than {REFERENCE}), with its "
+              f"Paired difference: L_{args.reference} − L_arm per seed (positive = better than {args.reference}), with its "
               "paired t statistic. Largest rise: the largest increase between consecutive evaluations of any seed.", "",
               "| arm | lr | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean ± sd | largest rise | "
-              f"vs {REFERENCE} |", "|---|---:|" + "---:|" * (len(args.seeds) + 3)]
+              f"vs {args.reference} |", "|---|---:|" + "---:|" * (len(args.seeds) + 3)]
     for label, runs in finals.items():
         last = [run[-1] for run in runs]
         finite = all(math.isfinite(v) for v in last)
         sd = statistics.stdev(last) if finite and len(last) > 1 else math.nan
         mean = f"{statistics.fmean(last):.4f} ± {sd:.4f}" if finite else "diverged"
         rise = max(max_rise(run) for run in runs) if finite else math.inf
-        versus = paired([r[-1] for r in finals[REFERENCE]], last) if REFERENCE in finals and label != REFERENCE else ""
+        versus = (paired([r[-1] for r in finals[args.reference]], last)
+                  if args.reference in finals and label != args.reference else "")
         lines.append(f"| {label} | {best[label]:g} | " + " | ".join(fmt(v) for v in last) +
                      f" | {mean} | {fmt(rise)} | {versus} |")
     out = ROOT / args.out

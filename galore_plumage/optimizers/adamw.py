@@ -104,7 +104,9 @@ class PlumageAdamW(LowRankOptimizer):
     every update from the refresh's top 2r singular vectors (pool_factor=2) with PLUMAGE's min-variance probabilities
     (resample_every=1), every drawn row takes Adam's step with no 1/p rescaling (max_inv_p=1: biased, GaLore's
     step size on a randomly completed basis), the gradient outside the basis moved at Adam's step size per column
-    (residual="norm_matched", Fira's complement), GaLore's recipe scale=0.25 and lr=5e-3 (the best on llama_tiny).
+    (residual="norm_matched", Fira's complement, at a quarter of Fira's step, residual_scale=0.25, with the limiter not
+    reset by a refresh, residual_limiter="steady", and no column moved further than half the basis's step on it,
+    residual_cap=0.5), GaLore's recipe scale=0.25 and lr=5e-3 (the best on llama_tiny).
     The paper's exact estimator: max_inv_p=None, resample_every=0, residual="none" (its documented setting also has
     scale=1.0 and lr=1e-3)."""
 
