@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
-from .residual import (LIMITERS, PLUMAGE_LIMITER, PLUMAGE_RESIDUAL, PLUMAGE_RESIDUAL_CAP, PLUMAGE_RESIDUAL_SCALE, RESIDUALS,
-                       why_no_complement)
+from .residual import (
+    LIMITERS,
+    PLUMAGE_LIMITER,
+    PLUMAGE_RESIDUAL,
+    PLUMAGE_RESIDUAL_CAP,
+    PLUMAGE_RESIDUAL_SCALE,
+    RESIDUALS,
+    why_no_complement,
+)
 from .sampled_step import SAMPLED_STEPS
 
 SAME = object()  # Option.plumage: plumage_* uses `default`
