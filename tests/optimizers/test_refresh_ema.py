@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from accumulation_helpers import assert_same_weights, train_alike
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
 from galore_plumage.optimizers.base import refresh_target
@@ -99,15 +100,6 @@ def test_per_layer_accumulation_with_the_average_equals_normal_mode():
     normal = build_optimizer("plumage_adamw", models[0], **options)
     with pytest.warns(UserWarning, match="because refresh_ema averages it"):
         per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(updates):
-        batches = [(torch.randn(5, 24, generator=generator, dtype=torch.float64),
-                    torch.randn(5, 20, generator=generator, dtype=torch.float64)) for _ in range(accumulation)]
-        for model in models:
-            for x, y in batches:
-                (torch.nn.functional.mse_loss(model(x), y) / accumulation).backward()
-        normal.step()
-        normal.zero_grad()
-    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    train_alike(models, normal, accumulation, updates, in_dim=24, out_dim=20)
+    assert_same_weights(models[0], models[1])
     assert [s["refreshes"] for s in per_layer.optimizer.projector_stats().values()] == [3, 3]  # the hooks stepped

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from accumulation_helpers import assert_same_weights, train_alike
 from torch import nn
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
@@ -232,17 +233,8 @@ def test_per_layer_accumulation_with_the_complement_equals_normal_mode():
     normal = build_optimizer("plumage_adamw", models[0], **options)
     with pytest.warns(UserWarning, match="keeps each low-rank weight's full gradient"):
         per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(updates):
-        batches = [(torch.randn(5, 24, generator=generator, dtype=torch.float64),
-                    torch.randn(5, 20, generator=generator, dtype=torch.float64)) for _ in range(accumulation)]
-        for model in models:
-            for x, y in batches:
-                (nn.functional.mse_loss(model(x), y) / accumulation).backward()
-        normal.step()
-        normal.zero_grad()
-    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+    train_alike(models, normal, accumulation, updates, in_dim=24, out_dim=20)
+    assert_same_weights(models[0], models[1])
     assert [s["refreshes"] for s in per_layer.optimizer.projector_stats().values()] == [3, 3]  # the hooks stepped
 
 
