@@ -23,7 +23,7 @@ import torch
 from torch.optim import Optimizer
 
 from ..projectors import Projector, build_projector, projector_spec
-from ..projectors.base import Outside
+from ..projectors.base import Outside, compute_dtype
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .placement import WHOLE
 from .realign import check_rule
@@ -158,8 +158,7 @@ def refresh_target(state: dict, grad: torch.Tensor, factor: float, whole: bool) 
         raise ValueError(f"refresh_ema={factor} keeps a full-size average of each weight's gradient, which a weight "
                          "sharded by FSDP2 does not support: set refresh_ema=0")
     if "refresh_ema" not in state:
-        # in the dtype projections are computed in (float32, float64 for a float64 gradient)
-        state["refresh_ema"] = grad.detach().to(torch.float64 if grad.dtype == torch.float64 else torch.float32, copy=True)
+        state["refresh_ema"] = grad.detach().to(compute_dtype(grad), copy=True)  # the dtype a refresh computes in
     else:
         average = state["refresh_ema"]
         # a non-finite gradient (a step the optimizer skips) must not poison every later refresh; no host sync

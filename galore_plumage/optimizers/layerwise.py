@@ -39,18 +39,17 @@ class LayerwiseOptimizer:
             raise ValueError(f"accumulation_steps must be an integer >= 1, got {accumulation_steps!r}")
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
-        complemented = [g for g in optimizer.param_groups
-                        if "rank" in g and residual_rule(g, projector_spec(g["projector"]).cls) != "none"]
-        averaged = [g for g in optimizer.param_groups if "rank" in g and g["refresh_ema"] > 0]
-        if accumulation_steps > 1 and complemented:
+        low_rank = [g for g in optimizer.param_groups if "rank" in g]
+        reasons = []  # what reads each low-rank weight's full gradient at every update
+        if any(residual_rule(g, projector_spec(g["projector"]).cls) != "none" for g in low_rank):
+            reasons.append("the complement (residual='norm_matched', plumage_*'s default) reads it: pass residual='none' "
+                           "(--residual none)")
+        if any(g["refresh_ema"] > 0 for g in low_rank):
+            reasons.append("refresh_ema averages it at every step: pass refresh_ema=0")
+        if accumulation_steps > 1 and reasons:
             warnings.warn("per-layer mode with gradient accumulation keeps each low-rank weight's full gradient until "
-                          "its update, because the complement (residual='norm_matched', plumage_*'s default) reads "
-                          "it; pass residual='none' (--residual none) to sum projected gradients instead and free "
+                          f"its update, because {'; and '.join(reasons)}, to sum projected gradients instead and free "
                           "the full ones at once", stacklevel=2)
-        elif accumulation_steps > 1 and averaged:
-            warnings.warn("per-layer mode with gradient accumulation keeps each low-rank weight's full gradient until "
-                          "its update, because refresh_ema averages it at every step; pass refresh_ema=0 to sum "
-                          "projected gradients instead", stacklevel=2)
         self._micro_steps: dict[torch.Tensor, int] = {}
         self._handles = [
             param.register_post_accumulate_grad_hook(self._hook_for(index))

@@ -78,17 +78,15 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
     # a column with no gradient in the basis gives no step size to copy: its complement does not move (0 · ∞ is NaN)
     phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
     unreferenced = fitted and limiter == "steady"
-    if unreferenced and cap is None:
-        # no reference from this update; a zero one (the first update's) limits nothing and keeps the state's layout
-        state.setdefault("residual_norm", torch.zeros((), dtype=phi.dtype, device=phi.device))
-        return phi
-    # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
-    grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # one pass, no temporary
-    outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
+    if cap is not None or not unreferenced:  # ‖G⊥‖ is needed (one pass over G, skipped when nothing reads it)
+        # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
+        grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # no temporary
+        outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
     if cap is not None:
         ratio = cap * r_norm / outside_sq.sqrt().clamp_min(torch.finfo(r_norm.dtype).tiny)  # ‖G⊥_j‖ = 0: no cap needed
         phi = phi * ratio.clamp(max=1.0)
     if unreferenced:
+        # no reference from this update; a zero one (the first update's) limits nothing and keeps the state's layout
         state.setdefault("residual_norm", torch.zeros((), dtype=phi.dtype, device=phi.device))
         return phi
     size = total((phi.square() * outside_sq).sum()).sqrt() / unit

@@ -285,7 +285,7 @@ class Projector:
             return False
         ranks = self._rank_per_mode or self._ranks(tuple(grad.shape))
         generator = refresh_generator(self.seed, self.index, self.refresh_count)
-        basis = self._new_basis(grad.detach().to(_compute_dtype(grad)), ranks, generator)
+        basis = self._new_basis(grad.detach().to(compute_dtype(grad)), ranks, generator)
         if basis is None:
             self.stats["skipped_refreshes"] += 1
             return False
@@ -365,7 +365,7 @@ class Projector:
         """Install a basis with the real layout (factor shapes, 1/p, pool) for a gradient of `shape` and `like`'s dtype
         and device, with meaningless values: a state template that a checkpoint is then loaded into
         (torch.distributed.checkpoint loads into existing tensors)."""
-        dtype, device = _compute_dtype(like), like.device
+        dtype, device = compute_dtype(like), like.device
         if not self.from_spectrum:
             self.refresh_seeded(shape, 0, dtype, device)
             return
@@ -607,7 +607,8 @@ def finite_and_nonzero(grad: torch.Tensor) -> bool:
     return bool(torch.isfinite(extremes).all() & extremes.ne(0).any())
 
 
-def _compute_dtype(grad: torch.Tensor) -> torch.dtype:
+def compute_dtype(grad: torch.Tensor) -> torch.dtype:
+    """The dtype projections of `grad` are computed in: float64 for a float64 gradient, float32 otherwise."""
     return torch.float64 if grad.dtype == torch.float64 else torch.float32
 
 
