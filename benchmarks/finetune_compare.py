@@ -52,17 +52,19 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     # ... with its pool in bfloat16 and Fira's complement (residual norm_matched): the candidate default of session 11
     "plumage cap1 resample residual": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1",
                                        "--resample_every", "1", "--pool_bf16", "--residual", "norm_matched",
-                                       "--residual_limiter", "fira", "--residual_scale", "1.0", "--residual_cap", "none"],
+                                       "--residual_limiter", "fira", "--residual_scale", "1.0", "--residual_cap", "none",
+                                       "--residual_horizon", "none"],
     # ... with the complement at a quarter of Fira's step, limited steadily (no reference taken on a refresh's update)
     "plumage cap1 resample steady quarter": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p",
                                              "1", "--resample_every", "1", "--pool_bf16", "--residual", "norm_matched",
                                              "--residual_limiter", "steady", "--residual_scale", "0.25",
-                                             "--residual_cap", "none"],
+                                             "--residual_cap", "none", "--residual_horizon", "none"],
     # ... with no column of the complement longer than half the basis's step on it: the default since session 13
     "plumage cap1 resample steady quarter cap05": ["--optimizer", "plumage_adamw", "--sampled_step", "adaptive",
                                                    "--max_inv_p", "1", "--resample_every", "1", "--pool_bf16",
                                                    "--residual", "norm_matched", "--residual_limiter", "steady",
-                                                   "--residual_scale", "0.25", "--residual_cap", "0.5"],
+                                                   "--residual_scale", "0.25", "--residual_cap", "0.5",
+                                                   "--residual_horizon", "none"],
     "lora": ["--peft", "lora", "--lora_alpha", "16"],
 }
 

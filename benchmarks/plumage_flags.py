@@ -6,7 +6,7 @@ from __future__ import annotations
 PAPER = {"sampled_step": "adaptive", "max_inv_p": "none", "row_bias_correction": False, "resample_every": 0,
          "residual": "none"}
 # with a complement, how it moves is named too, right after --residual: Fira's limiter and step size unless given
-COMPLEMENT = {"residual_limiter": "fira", "residual_scale": 1.0, "residual_cap": "none"}
+COMPLEMENT = {"residual_limiter": "fira", "residual_scale": 1.0, "residual_cap": "none", "residual_horizon": "none"}
 
 
 def plumage_flags(**options) -> list[str]:

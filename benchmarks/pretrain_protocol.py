@@ -146,6 +146,13 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
             max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
             residual_cap=cap), *gap], (5e-3, 3e-3, 7e-3) if cap == 0.5 else (5e-3,))
        for cap in (1.0, 0.5, 0.25) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+    # ... and moved only on the first H updates after each refresh (residual_horizon): at τ = 200 the capped complement
+    # fell 0.03 behind the arm without one in the first interval, whose basis was fitted to update 1's gradient
+    **{f"plumage_cap1_steady_quarter_cap05_h{horizon}{gap_name}": (
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
+            residual_cap=0.5, residual_horizon=horizon), *gap], (5e-3, 3e-3, 7e-3))
+       for horizon in (10, 20, 40) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # the default of session 12 without its complement (residual "none"), at the protocol's τ and at τ = 200
     **{f"plumage_cap1_pool_bf16_no_complement{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(max_inv_p=1, resample_every=1), *gap],

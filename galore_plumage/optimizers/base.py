@@ -319,10 +319,11 @@ class LowRankOptimizer(Optimizer):
                     return
                 refreshed = projector.refresh_count > count
             low_grad = projector.project(grad)
+        residual = self.residual_now(group, projector, state["step"])
         state["step"] += 1
         group = where.group_for(group, backend, param, low_grad)
         update = low_rank_update(backend, state, low_grad, group, weight, projector, total=where.total_for(param),
-                                 grad=grad, residual=self.residual_for(group, projector), fitted=refreshed)
+                                 grad=grad, residual=residual, fitted=refreshed)
         for observe in self.step_observers:
             observe(param, projector, update, state, refreshed)
         apply_update(weight, update, projector, backend.decay_first, grad, low_grad, group["residual_scale"])
@@ -353,12 +354,20 @@ class LowRankOptimizer(Optimizer):
         if "rank" not in group:
             return True
         projector = self.projector_for(param, group)
-        return (self.residual_for(group, projector) != "none" or group["refresh_ema"] > 0
-                or projector.due(self.state[param].get("step", 0)))
+        step = self.state[param].get("step", 0)
+        return self.residual_now(group, projector, step) != "none" or group["refresh_ema"] > 0 or projector.due(step)
 
     def residual_for(self, group: dict, projector: Projector) -> str:
         """The group's `residual` as it applies to `projector` (plumage_*'s default is left out where it cannot)."""
         return residual_rule(group, type(projector))
+
+    def residual_now(self, group: dict, projector: Projector, step: int) -> str:
+        """The residual rule of the update that follows `step` updates: "none" beyond the group's residual_horizon (the
+        basis's age, 0 on a refresh's update, must be below it). A refresh due now makes the age 0."""
+        horizon = group["residual_horizon"]
+        if horizon is not None and not projector.due(step) and projector.age(step) >= horizon:
+            return "none"
+        return self.residual_for(group, projector)
 
     def projector_for(self, param: torch.Tensor, group: dict) -> Projector:
         projector = self._projectors.get(param)

@@ -28,6 +28,7 @@ from .residual import (
     PLUMAGE_LIMITER,
     PLUMAGE_RESIDUAL,
     PLUMAGE_RESIDUAL_CAP,
+    PLUMAGE_RESIDUAL_HORIZON,
     PLUMAGE_RESIDUAL_SCALE,
     RESIDUALS,
     why_no_complement,
@@ -62,6 +63,22 @@ def _check_residual_scale(value) -> None:
 def _check_residual_cap(value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
         raise ValueError(f"residual_cap must be a number > 0 (or None / inf for Fira's uncapped complement), got {value!r}")
+
+
+def _check_residual_horizon(value) -> None:
+    if value is not None and (not _is_int(value) or value < 1):
+        raise ValueError(f"residual_horizon must be an integer >= 1 (or None to move the complement at every update), "
+                         f"got {value!r}")
+
+
+def parse_optional_int(text: str) -> int | None:
+    """A flag's whole number, or None for 'none'."""
+    if str(text).strip().lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'none', got {text!r}") from None
 
 
 def parse_optional(text: str) -> float | None:
@@ -189,6 +206,11 @@ OPTIONS: tuple[Option, ...] = (
            "moves a column by ‖G⊥‖/‖R‖ times Z, which grows without bound as the basis goes stale; None/inf (flag: "
            "'none') = Fira's, no cap", _check_residual_cap, (0, -1.0, math.nan, True, "1"), plumage=PLUMAGE_RESIDUAL_CAP,
            parse=parse_optional),
+    Option("residual_horizon", None, "with residual='norm_matched': move the complement only on the first this many "
+           "updates after each refresh (the refresh's own update is the first): the gradient outside a basis fitted "
+           "long ago is mostly what the basis missed, moved without momentum; None (flag: 'none') = at every update. "
+           "The other updates need no full gradient (per-layer mode keeps only the projected one)",
+           _check_residual_horizon, (0, -3, 2.5, True, "40"), plumage=PLUMAGE_RESIDUAL_HORIZON, parse=parse_optional_int),
     Option("refresh_ema", 0.0, "refresh the basis from an exponential average of the full gradients (this factor: "
            "E ← f E + (1 − f) G every step) instead of the refresh step's own gradient, so the basis follows the "
            "gradient's signal rather than one batch's noise; costs a full-size float32 buffer per weight and the full "

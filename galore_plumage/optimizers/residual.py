@@ -38,6 +38,8 @@ PLUMAGE_LIMITER, PLUMAGE_RESIDUAL_SCALE = "steady", 0.25
 # ‖G⊥‖/‖R‖ times that step, which grows as the basis goes stale; capped, the complement stops costing at τ = 200 what it
 # gains at τ = 40 (docs/results.md §3)
 PLUMAGE_RESIDUAL_CAP = 0.5
+# ... and moved only on the first updates after a refresh (session 14): see options.py's residual_horizon
+PLUMAGE_RESIDUAL_HORIZON = None
 
 
 def why_no_complement(projector_cls) -> str | None:

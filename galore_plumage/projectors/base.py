@@ -239,6 +239,7 @@ class Projector:
         self._selection: tuple[int, torch.Tensor] | None = None
         self.refresh_count = 0
         self.next_refresh = 0
+        self.refreshed_at = 0  # the step of the latest refresh (the basis's age counts from it)
         self.stats: dict[str, float] = {"refreshes": 0, "skipped_refreshes": 0, "tau": self.tau}
 
     # ----------------------------------------------------------------- what subclasses provide
@@ -269,6 +270,10 @@ class Projector:
 
     def due(self, step: int) -> bool:
         return not self.ready or step >= self.next_refresh
+
+    def age(self, step: int) -> int:
+        """Updates since the latest refresh, counted as `due` counts them: 0 on the refresh's own update."""
+        return step - self.refreshed_at
 
     def maybe_refresh(self, grad: torch.Tensor, step: int) -> bool:
         return self.refresh(grad, step) if self.due(step) else False
@@ -314,7 +319,7 @@ class Projector:
         self.factors, self.inv_p = basis.factors, basis.inv_p
         self.pool, self.draws = basis.pool, 0
         self.refresh_count += 1
-        self.next_refresh = step + self.tau
+        self.next_refresh, self.refreshed_at = step + self.tau, step
         self.next_resample = step + self.resample_every
         self.stats.update(basis.stats, refreshes=self.refresh_count, tau=self.tau)
 
@@ -494,6 +499,7 @@ class Projector:
             "tau": self.tau,
             "refresh_count": self.refresh_count,
             "next_refresh": self.next_refresh,
+            "refreshed_at": self.refreshed_at,
             "shape": list(self.shape) if self.shape is not None else None,
             "rank_per_mode": dict(self._rank_per_mode),
             "stats": dict(self.stats),
@@ -514,6 +520,9 @@ class Projector:
         self.rank, self.proj_type, self.scale = state["rank"], state["proj_type"], state["scale"]
         self.seed, self.index, self.tau = state["seed"], state["index"], state["tau"]
         self.refresh_count, self.next_refresh = state["refresh_count"], state["next_refresh"]
+        # a checkpoint written before the key existed: one interval before the next refresh (exact but for a staggered
+        # first interval or an adaptive τ that changed since)
+        self.refreshed_at = state.get("refreshed_at", self.next_refresh - self.tau)
         self.shape = tuple(state["shape"]) if state["shape"] is not None else None
         self._rank_per_mode = {int(k): int(v) for k, v in state["rank_per_mode"].items()}
         self.stats = dict(state["stats"])

@@ -36,6 +36,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "residual_scale": (["--residual_scale", "0.25"], 0.25),
     "refresh_ema": (["--refresh_ema", "0.9"], 0.9),
     "residual_cap": (["--residual_cap", "1"], 1.0),
+    "residual_horizon": (["--residual_horizon", "20"], 20),
 }
 
 

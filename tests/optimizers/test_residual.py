@@ -268,3 +268,70 @@ def test_a_projected_gradient_alone_is_refused():
     optimizer.step_param(weight, optimizer.param_groups[0], grad=torch.randn(8, 12))
     with pytest.raises(ValueError, match="needs the full gradient"):
         optimizer.step_param(weight, optimizer.param_groups[0], low_grad=torch.randn(3, 12))
+
+
+def _complement_schedule(horizon, gap=5, updates=12, stagger=False):
+    """For each update of GaLoreAdamW with the complement: (did the complement move, did the optimizer ask for the
+    full gradient before it)."""
+    weight = nn.Parameter(_gradient((8, 12), 10))
+    optimizer = GaLoreAdamW([{"params": [weight], "rank": 3, "update_proj_gap": gap, "residual": "norm_matched",
+                              "residual_horizon": horizon, "stagger": stagger}], lr=1e-2)
+    moved = []
+    optimizer.step_observers.append(lambda param, projector, update, state, refreshed:
+                                    moved.append(update.complement is not None))
+    asked = []
+    for update in range(updates):
+        asked.append(optimizer.needs_full_grad(weight, optimizer.param_groups[0]))
+        weight.grad = _gradient((8, 12), 20 + update)
+        optimizer.step()
+    return moved, asked
+
+
+def test_the_horizon_moves_the_complement_only_on_the_first_updates_after_each_refresh():
+    moved, asked = _complement_schedule(horizon=2)  # refreshes on updates 0, 5, 10
+    assert moved == [True, True, False, False, False] * 2 + [True, True]
+    assert asked == moved  # the other updates need only the projected gradient
+    assert _complement_schedule(horizon=None)[0] == [True] * 12
+    assert _complement_schedule(horizon=5)[0] == [True] * 12  # a horizon of τ moves it at every update
+
+
+def test_the_horizon_counts_from_each_weights_own_refresh_when_staggered():
+    """A staggered first interval is shorter than τ; the age restarts at the refresh that ends it, not at k·τ."""
+    weights = [nn.Parameter(_gradient((8, 12), 30 + k)) for k in range(2)]
+    optimizer = GaLoreAdamW([{"params": weights, "rank": 3, "update_proj_gap": 4, "residual": "norm_matched",
+                              "residual_horizon": 1, "stagger": True}], lr=1e-2)
+    moved = {0: [], 1: []}
+    optimizer.step_observers.append(lambda param, projector, update, state, refreshed: moved[
+        0 if param is weights[0] else 1].append(update.complement is not None))
+    for update in range(7):
+        for k, weight in enumerate(weights):
+            weight.grad = _gradient((8, 12), 40 + 2 * update + k)
+        optimizer.step()
+    assert moved[0] == [True, False, False, False, True, False, False]  # refreshes at 0, 4
+    assert moved[1] == [True, False, True, False, False, False, True]  # refreshes at 0, 2 (staggered: 4 − 2), 6
+
+
+def test_per_layer_accumulation_with_a_horizon_equals_normal_mode():
+    """Per-layer mode keeps the full gradient only on the updates whose complement moves."""
+    accumulation, updates = 3, 6
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        models.append(Tiny().double())
+    options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 3, "residual": "norm_matched", "residual_horizon": 1}
+    normal = build_optimizer("plumage_adamw", models[0], **options)
+    with pytest.warns(UserWarning, match="keeps each low-rank weight's full gradient"):
+        per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)
+    train_alike(models, normal, accumulation, updates, in_dim=24, out_dim=20)
+    assert_same_weights(models[0], models[1])
+
+
+def test_a_projector_saved_before_refreshed_at_existed_dates_its_basis_one_interval_back():
+    projector = _refreshed("svd", (6, 9))
+    projector.refresh(_gradient((6, 9), 2), 7)
+    state = projector.state_dict()
+    assert state["refreshed_at"] == 7 and projector.age(9) == 2
+    del state["refreshed_at"]
+    older = build_projector("svd", 3, update_proj_gap=10)
+    older.load_state_dict(state)
+    assert older.refreshed_at == 7 and older.age(9) == 2  # next_refresh 17 − τ 10

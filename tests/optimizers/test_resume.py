@@ -153,13 +153,13 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
         "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
         "sampled_step", "row_bias_correction", "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
-        "residual_limiter", "residual_scale", "residual_cap", "refresh_ema",
+        "residual_limiter", "residual_scale", "residual_cap", "residual_horizon", "refresh_ema",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector", "residual_norm"}  # the complement's limiter
     assert set(state["projector"]) == {
-        "name", "rank", "proj_type", "scale", "seed", "index", "tau", "refresh_count", "next_refresh", "shape",
-        "rank_per_mode", "stats", "dtype", "factors", "inv_p", "pool",
+        "name", "rank", "proj_type", "scale", "seed", "index", "tau", "refresh_count", "next_refresh", "refreshed_at",
+        "shape", "rank_per_mode", "stats", "dtype", "factors", "inv_p", "pool",
     }
     assert set(state["projector"]["pool"]) == {"vectors", "p", "order", "draws", "next_resample"}  # resample_every (default 1)
     assert state["projector"]["name"] == "plumage" and set(state["projector"]["factors"]) == {0}
@@ -168,7 +168,8 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
 
 def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
     """Group keys added since the first release (solver, max_inv_p, sampled_step, row_bias_correction, resample_every,
-    align_signs, pool_factor, pool_bf16, residual, residual_limiter, residual_scale, residual_cap, refresh_ema) are missing
+    align_signs, pool_factor, pool_bf16, residual, residual_limiter, residual_scale, residual_cap, residual_horizon,
+    refresh_ema) are missing
     from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
@@ -183,7 +184,8 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
              "param_groups": [{k: v for k, v in g.items()
                                if k not in ("solver", "max_inv_p", "sampled_step", "row_bias_correction",
                                             "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
-                                            "residual_limiter", "residual_scale", "residual_cap", "refresh_ema")}
+                                            "residual_limiter", "residual_scale", "residual_cap", "residual_horizon",
+                                            "refresh_ema")}
                               for g in current["param_groups"]]}
     twins = []
     for state_dict in (current, older):
