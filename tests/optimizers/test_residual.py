@@ -322,8 +322,13 @@ def test_per_layer_accumulation_with_a_horizon_equals_normal_mode():
     normal = build_optimizer("plumage_adamw", models[0], **options)
     with pytest.warns(UserWarning, match="keeps each low-rank weight's full gradient"):
         per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)
+    projected = []  # per low-rank weight and update: stepped from an accumulated projected gradient
+    step_param = per_layer.optimizer.step_param
+    per_layer.optimizer.step_param = lambda param, group, grad=None, low_grad=None: (
+        "rank" in group and projected.append(low_grad is not None), step_param(param, group, grad=grad, low_grad=low_grad))
     train_alike(models, normal, accumulation, updates, in_dim=24, out_dim=20)
     assert_same_weights(models[0], models[1])
+    assert projected == [False, False, True, True, True, True] * 2  # ages 0 (refresh), 1, 2, 0, 1, 2 of 2 weights
 
 
 def test_a_projector_saved_before_refreshed_at_existed_dates_its_basis_one_interval_back():
