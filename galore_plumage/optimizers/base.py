@@ -377,7 +377,7 @@ class LowRankOptimizer(Optimizer):
                 group["projector"], group["rank"], **projector_options(group, index=self._indices[param], **overrides)
             )
             if "projector" in self.state[param]:
-                projector.load_state_dict(self.state[param]["projector"])
+                projector.load_state_dict(self.state[param]["projector"], device=self._placement(param).local(param).device)
             self._projectors[param] = projector
         return projector
 

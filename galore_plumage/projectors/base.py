@@ -128,20 +128,22 @@ def mode_product(x: torch.Tensor, matrix: torch.Tensor, mode: int) -> torch.Tens
     return torch.movedim(torch.tensordot(matrix, x, dims=([1], [mode])), 0, mode)
 
 
-def refresh_generator(seed: int, index: int, count: int, draw: int = 0) -> torch.Generator:
+def refresh_generator(seed: int, index: int, count: int, draw: int = 0,
+                      device: torch.device | str = "cpu") -> torch.Generator:
     """The generator for refresh number `count` of parameter `index`: a pure function of the three.
 
     `draw` > 0 numbers the resamples inside that refresh interval (PLUMAGE's κ); draw 0 is the refresh itself
     and gives the same generator as before resampling existed, so older runs repeat exactly.
 
     Data-parallel ranks therefore draw the same bases without communicating, a resumed run repeats
-    the uninterrupted one, and nothing depends on (or disturbs) the global RNG. Always a CPU generator,
-    so the draws are also the same on every device.
+    the uninterrupted one, and nothing depends on (or disturbs) the global RNG. A CPU generator (the default) draws
+    the same values on every machine; a CUDA one (`device`, for FLORA's Gaussians drawn where they are used) draws
+    the same values on every GPU of a run (Philox, counter-based).
     """
     state = 0
     for value in (seed, index, count, *((draw,) if draw else ())):
         state = _splitmix64(state ^ (int(value) & _MASK64))
-    generator = torch.Generator(device="cpu")
+    generator = torch.Generator(device=device)
     generator.manual_seed(state >> 1)  # manual_seed takes 63 bits
     return generator
 
@@ -514,7 +516,9 @@ class Projector:
                              "draws": self.draws, "next_resample": self.next_resample}
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, device: torch.device | str = "cpu") -> None:
+        """Load `state_dict()`'s output; a basis regenerated from the seed (FLORA's) is drawn on `device`, where it is
+        used (a basis stored in the state stays where the state's tensors are)."""
         if state.get("name") != self.name:
             raise ValueError(f"state was saved by projector {state.get('name')!r}, not {self.name!r}")
         self.rank, self.proj_type, self.scale = state["rank"], state["proj_type"], state["scale"]
@@ -529,7 +533,7 @@ class Projector:
         if self.stores_factors:
             self.factors = {int(k): v for k, v in state["factors"].items()}
         else:
-            self.factors = self._regenerate(getattr(torch, state["dtype"]))
+            self.factors = self._regenerate(getattr(torch, state["dtype"]), torch.device(device))
         self.inv_p = state.get("inv_p")
         pool = state.get("pool")
         self.pool = Pool(pool["vectors"], pool["p"], pool.get("order")) if pool is not None else None
@@ -539,7 +543,7 @@ class Projector:
         self.transition, self._selection = None, None
         self._compute = getattr(torch, state["dtype"]) if self.factors else None
 
-    def _regenerate(self, dtype: torch.dtype) -> dict[int, torch.Tensor]:
+    def _regenerate(self, dtype: torch.dtype, device: torch.device) -> dict[int, torch.Tensor]:
         raise NotImplementedError(f"projector {self.name!r} stores its factors")
 
     # ----------------------------------------------------------------- helpers

@@ -2,6 +2,12 @@
 
 E[P Pᵀ] = I, so G P Pᵀ (right) and P Pᵀ G (left) are unbiased estimates of G. Only the seed and the refresh
 count are state: the matrix is regenerated on load, never stored in a checkpoint.
+
+Where it is drawn: on the CPU, in float64 then rounded (the values of every run before GPU draws existed, the same on
+every machine); on a GPU, by a generator on that GPU in the projection's dtype, so a refresh costs microseconds instead
+of a CPU draw and a copy (50–110 ms a weight on an H100 host: ../shared/measurements/step_time_cuda_h100.md). Either
+way it is a pure function of seed, weight and refresh count: every rank draws the same matrix and a resumed run
+regenerates it where it left off, on the weight's device.
 """
 
 from __future__ import annotations
@@ -13,11 +19,14 @@ import torch
 from .base import Basis, Projector, refresh_generator
 
 
-def gaussian_factors(shape, ranks, generator, dtype, device) -> dict[int, torch.Tensor]:
-    """One dim_k × r_k matrix of N(0, 1/r_k) entries per projected mode, drawn in float64 on the CPU."""
+def gaussian_factors(shape, ranks, generator: torch.Generator, dtype, device) -> dict[int, torch.Tensor]:
+    """One dim_k × r_k matrix of N(0, 1/r_k) entries per projected mode, drawn where `generator` lives: a CPU one
+    in float64 (then rounded to `dtype` and moved to `device`), any other on its device in `dtype`."""
+    on_cpu = generator.device.type == "cpu"
     factors = {}
     for mode, rank in ranks.items():
-        draw = torch.randn(shape[mode], rank, generator=generator, dtype=torch.float64)
+        draw = torch.randn(shape[mode], rank, generator=generator, dtype=torch.float64 if on_cpu else dtype,
+                           device=generator.device)
         factors[mode] = (draw / math.sqrt(rank)).to(dtype=dtype, device=device)
     return factors
 
@@ -29,10 +38,13 @@ class RandomProjector(Projector):
     stores_factors = False
 
     def _new_basis(self, grad, ranks, generator):
+        # the refresh's CPU generator where the gradient is on the CPU; else the same seed on the gradient's device
+        if grad.device.type != "cpu":
+            generator = refresh_generator(self.seed, self.index, self.refresh_count, device=grad.device)
         return Basis(gaussian_factors(grad.shape, ranks, generator, grad.dtype, grad.device))
 
-    def _regenerate(self, dtype):
+    def _regenerate(self, dtype, device):
         if self.refresh_count == 0:
             return {}
-        generator = refresh_generator(self.seed, self.index, self.refresh_count - 1)
-        return gaussian_factors(self.shape, self._rank_per_mode, generator, dtype, "cpu")
+        generator = refresh_generator(self.seed, self.index, self.refresh_count - 1, device=device)
+        return gaussian_factors(self.shape, self._rank_per_mode, generator, dtype, device)
