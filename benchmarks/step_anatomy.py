@@ -67,7 +67,7 @@ class Recorder:
         record = {"update": self.update, "weight": self.names[param], "refreshed": refreshed,
                   "kept": per_row[kept].sum().sqrt().item(), "sampled": per_row[~kept].sum().sqrt().item(),
                   "max_inv_p": inv_p.max().item()}
-        if refreshed and projector.transition is not None:
+        if refreshed and projector.moved:
             carried = projector.transition[mode].double().square().sum(dim=1)  # Σ_j B_ij² per new row
             normalized = (z.abs() * abs(update.step_size) / self.group[param]["lr"]).mean(dim=1 - mode)
             entering = carried < 0.5

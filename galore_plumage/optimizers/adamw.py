@@ -53,7 +53,7 @@ class AdamWBackend(Backend):
             state["exp_avg"], state["exp_avg_sq"] = realign_dense(state["exp_avg"], state["exp_avg_sq"], projector, rule)
         if "row_bias1" in state and rule != "none":
             # a row's bias-correction weight travels like its moment: what a new row inherits from the old ones
-            (mode,) = projector.transition
+            (mode,) = projector.factors  # one-sided: the mode the basis moved along
             state["row_bias1"] = _along_rows(projector.transport(_as_rows(state["row_bias1"], mode), squared=True))
             if rule != "m":
                 state["row_bias2"] = _along_rows(projector.transport(_as_rows(state["row_bias2"], mode), squared=True))

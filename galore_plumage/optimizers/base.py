@@ -334,7 +334,7 @@ class LowRankOptimizer(Optimizer):
         this step."""
         first = not projector.ready
         if where.refresh(projector, grad, param, state["step"]):
-            if projector.transition is not None:
+            if projector.moved:
                 backend.realign(state, projector, group["realign"])
             restart_limiter(state)
             if first and group["stagger"]:

@@ -30,7 +30,7 @@ def realign_dense(
     m: torch.Tensor | None, v: torch.Tensor | None, projector: Projector, rule: str
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """New (M, V) for dense first and second moments after `projector`'s latest refresh."""
-    if rule == "none" or projector.transition is None:
+    if rule == "none" or not projector.moved:
         return m, v
     m_new = projector.transport(m) if m is not None else None
     if rule == "m" or v is None:
@@ -51,7 +51,7 @@ def realign_factored(
     Mode 0 (left side): (B∘B) V̂ = ((B∘B) row) ⊗ col / mean(row); with row' = (B∘B) row the estimate needs
     col' = col · mean(row') / mean(row) to keep the same normalisation.
     """
-    if projector.transition is None:
+    if not projector.moved:
         return row, col
     if row.dim() != 1:
         raise ValueError("exact factored transport is defined for 2-D low-rank tensors; got a row factor of "

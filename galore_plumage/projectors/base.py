@@ -236,8 +236,9 @@ class Projector:
         self._rank_per_mode: dict[int, int] = {}
         self.factors: dict[int, torch.Tensor] = {}
         self.inv_p: torch.Tensor | None = None
-        self.transition: dict[int, torch.Tensor] | None = None  # set by the latest refresh that moved the basis
-        # after a draw from the pool: (mode, the rows whose vector changed), what transport zeroes
+        # the latest basis change, in one of two forms (see `transition`): B per mode after a refresh, or after a draw
+        # from the pool only (mode, the rows whose vector changed), what transport zeroes
+        self._transition: dict[int, torch.Tensor] | None = None
         self._selection: tuple[int, torch.Tensor] | None = None
         self.refresh_count = 0
         self.next_refresh = 0
@@ -307,10 +308,10 @@ class Projector:
         old = self.factors
         if self.align_signs:
             basis.factors = {k: aligned_signs(f, old.get(k)) for k, f in basis.factors.items()}
-        self.transition, self._selection = None, None
+        self._transition, self._selection = None, None
         self._compute = next(iter(basis.factors.values())).dtype
         if old:
-            self.transition = _transition(basis.factors, old, self._compute)
+            self._transition = _transition(basis.factors, old, self._compute)
             rho = sum(mean_principal_cosine(old[k], basis.factors[k]) for k in basis.factors)
             rho /= max(len(basis.factors), 1)
             self.stats["rho"] = rho
@@ -405,14 +406,10 @@ class Projector:
         ((mode, rank),) = self._rank_per_mode.items()
         self.factors, self.inv_p, entering = self._draw(self.pool, generator, mode, rank)
         # Both draws are columns of one orthonormal pool and a vector drawn again keeps its column, so
-        # B = F_newᵀ F_old is the identity but for a zero row (and column) at each column whose vector changed: built
-        # from the indices, exactly, and applied by transport as a fill instead of two r × r × n products per step
-        device = self.factors[mode].device
-        entering = entering.to(device, non_blocking=True)  # no host synchronisation in a steady step
-        transition = torch.eye(rank, dtype=self._dtype, device=device)
-        transition[entering, entering] = 0.0
-        self.transition = {mode: transition}
-        self._selection = (mode, entering)
+        # B = F_newᵀ F_old is the identity but for a zero row (and column) at each column whose vector changed: kept as
+        # those indices, exact, and applied by transport as a fill instead of two r × r × n products per step
+        entering = entering.to(self.factors[mode].device, non_blocking=True)  # no host sync in a steady step
+        self._transition, self._selection = None, (mode, entering)
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 
@@ -475,9 +472,30 @@ class Projector:
         if outside is not None:
             target.addcmul_(outside.grad, outside.weights.to(outside.grad.dtype), value=outside.alpha)  # β w ⊙ G
 
+    @property
+    def moved(self) -> bool:
+        """True when the latest refresh or draw changed the basis (the moments then travel by `transport`)."""
+        return self._transition is not None or self._selection is not None
+
+    @property
+    def transition(self) -> dict[int, torch.Tensor] | None:
+        """B_k = F_newᵀ F_old per projected mode for the latest basis change (None: no change since the last load).
+        After a draw from the pool it is built here from the changed rows, only for a reader that needs it dense
+        (Adafactor's factored transport, row bias weights, diagnostics): `transport` applies those rows as a fill."""
+        if self._transition is None and self._selection is not None:
+            mode, entering = self._selection
+            b = torch.eye(self._rank_per_mode[mode], dtype=self._dtype, device=entering.device)
+            b[entering, entering] = 0.0
+            self._transition = {mode: b}
+        return self._transition
+
+    @transition.setter
+    def transition(self, value: dict[int, torch.Tensor] | None) -> None:
+        self._transition, self._selection = value, None
+
     def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""
-        if self.transition is None:
+        if not self.moved:
             return low
         if self._selection is not None:  # a draw from the pool: B is the identity with the entering rows zeroed (B∘B = B)
             mode, entering = self._selection
@@ -540,7 +558,7 @@ class Projector:
         if self.pool is not None:
             self._share_pool_storage()
         self.draws, self.next_resample = (pool["draws"], pool["next_resample"]) if pool is not None else (0, 0)
-        self.transition, self._selection = None, None
+        self._transition, self._selection = None, None
         self._compute = getattr(torch, state["dtype"]) if self.factors else None
 
     def _regenerate(self, dtype: torch.dtype, device: torch.device) -> dict[int, torch.Tensor]:

@@ -255,6 +255,7 @@ def test_a_draw_s_transition_is_the_product_of_the_bases_built_from_indices(spec
     for step in range(1, 20):
         old = projector.factors[mode].float().clone()  # a draw rearranges the pool (and so this view) in place
         projector.resample(step)
+        assert projector.moved and projector._transition is None  # kept as the changed rows until a reader asks for B
         product = projector.factors[mode].float().T @ old
         torch.testing.assert_close(projector.transition[mode], product, atol=tolerance, rtol=0)
         dense = product @ moments if mode == 0 else moments @ product.T
