@@ -152,7 +152,14 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
             max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
             residual_cap=0.5, residual_horizon=horizon), *gap], (5e-3, 3e-3, 7e-3))
-       for horizon in (10, 20, 40) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for horizon in (5, 10, 20, 40) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+    # ... a short horizon with a larger complement: half Fira's step, or each column up to the basis's step
+    **{f"plumage_cap1_steady_{scale_name}_cap{str(cap).replace('.', '')}_h10{gap_name}": (
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=scale,
+            residual_cap=cap, residual_horizon=10), *gap], (5e-3,))
+       for scale_name, scale, cap in (("half", 0.5, 0.5), ("quarter", 0.25, 1.0), ("half", 0.5, 1.0))
+       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # the default of session 12 without its complement (residual "none"), at the protocol's τ and at τ = 200
     **{f"plumage_cap1_pool_bf16_no_complement{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(max_inv_p=1, resample_every=1), *gap],
