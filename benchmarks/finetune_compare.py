@@ -65,6 +65,11 @@ METHODS = {  # label -> run_glue.py flags that make the arm
                                                    "--residual", "norm_matched", "--residual_limiter", "steady",
                                                    "--residual_scale", "0.25", "--residual_cap", "0.5",
                                                    "--residual_horizon", "none"],
+    # ... moved only on the first H updates after each refresh (residual_horizon): session 14
+    **{f"plumage cap1 resample steady quarter cap05 h{horizon}": [
+        "--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1", "--resample_every", "1",
+        "--pool_bf16", "--residual", "norm_matched", "--residual_limiter", "steady", "--residual_scale", "0.25",
+        "--residual_cap", "0.5", "--residual_horizon", str(horizon)] for horizon in (10, 40)},
     "lora": ["--peft", "lora", "--lora_alpha", "16"],
 }
 

@@ -153,6 +153,17 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
             max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
             residual_cap=0.5, residual_horizon=horizon), *gap], (5e-3, 3e-3, 7e-3))
        for horizon in (5, 10, 20, 40) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+    # ... with the moments carried otherwise across a refresh and a draw (the default's realign is mv), or each basis
+    # row bias-corrected by its own age: the complement's gain lies in the first updates after a refresh, where the
+    # entering directions' moments are young
+    **{f"plumage_cap1_steady_quarter_cap05_h10_{variant}{gap_name}": (
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
+            residual_cap=0.5, residual_horizon=10, **options), *realign, *gap], (5e-3,))
+       for variant, options, realign in (("realign_none", {}, ["--realign", "none"]), ("realign_m", {}, ["--realign", "m"]),
+                                         ("meansplit", {}, ["--realign", "mv_meansplit"]),
+                                         ("rowbias", {"row_bias_correction": True}, []))
+       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # ... a short horizon with a larger complement: half Fira's step, or each column up to the basis's step
     **{f"plumage_cap1_steady_{scale_name}_cap{str(cap).replace('.', '')}_h10{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
