@@ -164,6 +164,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                          ("meansplit", {}, ["--realign", "mv_meansplit"]),
                                          ("rowbias", {"row_bias_correction": True}, []))
        for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+    # ... with another scale on the projected update than GaLore's 0.25 (the lr, on every group, stays)
+    **{f"plumage_cap1_steady_quarter_cap05_h10_scale{str(scale).replace('.', '')}{gap_name}": (
+        "plumage_adamw", ["--galore_scale", str(scale), "--pool_bf16", *plumage_flags(
+            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
+            residual_cap=0.5, residual_horizon=10), *gap], (5e-3,))
+       for scale in (0.18, 0.35) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # ... a short horizon with a larger complement: half Fira's step, or each column up to the basis's step
     **{f"plumage_cap1_steady_{scale_name}_cap{str(cap).replace('.', '')}_h10{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
