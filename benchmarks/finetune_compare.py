@@ -65,13 +65,21 @@ METHODS = {  # label -> run_glue.py flags that make the arm
                                                    "--residual", "norm_matched", "--residual_limiter", "steady",
                                                    "--residual_scale", "0.25", "--residual_cap", "0.5",
                                                    "--residual_horizon", "none"],
-    # ... moved only on the first H updates after each refresh (residual_horizon): session 14
-    **{f"plumage cap1 resample steady quarter cap05 h{horizon}": [
+    # ... moved only on the first H updates after each refresh (residual_horizon), and with LDAdam's realignment (the
+    # default of session 14: moments' mean and variance carried apart across a refresh)
+    **{f"plumage cap1 resample steady quarter cap05 h{horizon}{name}": [
         "--optimizer", "plumage_adamw", "--sampled_step", "adaptive", "--max_inv_p", "1", "--resample_every", "1",
-        "--pool_bf16", "--residual", "norm_matched", "--residual_limiter", "steady", "--residual_scale", "0.25",
-        "--residual_cap", "0.5", "--residual_horizon", str(horizon)] for horizon in (10, 40)},
+        "--pool_bf16", "--residual", "norm_matched", "--realign", realign, "--residual_limiter", "steady",
+        "--residual_scale", "0.25", "--residual_cap", "0.5", "--residual_horizon", str(horizon)]
+       for horizon in (10, 40) for name, realign in (("", "mv"), (" meansplit", "mv_meansplit"))},
     "lora": ["--peft", "lora", "--lora_alpha", "16"],
 }
+# Every PLUMAGE arm above the session-14 ones ran with the paper's realignment (mv), the default until session 14:
+# pinned right after --residual's value
+for _flags in METHODS.values():
+    if "plumage_adamw" in _flags and "--realign" not in _flags:
+        _at = _flags.index("--residual") + 2
+        _flags[_at:_at] = ["--realign", "mv"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # the paper's estimator; an arm names each option in this order (run_cache compares recorded commands)
 PAPER = {"sampled_step": "adaptive", "max_inv_p": "none", "row_bias_correction": False, "resample_every": 0,
-         "residual": "none"}
+         "residual": "none", "realign": "mv"}
 # with a complement, how it moves is named too, right after --residual: Fira's limiter and step size unless given
 COMPLEMENT = {"residual_limiter": "fira", "residual_scale": 1.0, "residual_cap": "none", "residual_horizon": "none"}
 

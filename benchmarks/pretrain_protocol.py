@@ -159,18 +159,17 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"plumage_cap1_steady_quarter_cap05_h10_{variant}{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
             max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
-            residual_cap=0.5, residual_horizon=10, **options), *realign, *gap], (5e-3,))
-       for variant, options, realign in (("realign_none", {}, ["--realign", "none"]), ("realign_m", {}, ["--realign", "m"]),
-                                         ("meansplit", {}, ["--realign", "mv_meansplit"]),
-                                         ("rowbias", {"row_bias_correction": True}, []))
+            residual_cap=0.5, residual_horizon=10, **options), *gap], (5e-3,))
+       for variant, options in (("realign_none", {"realign": "none"}), ("realign_m", {"realign": "m"}),
+                                ("meansplit", {"realign": "mv_meansplit"}), ("rowbias", {"row_bias_correction": True}))
        for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # LDAdam's realignment (mean and variance carried apart) on GaLore's recipe, and on the default without its complement
     **{f"galore_recipe_meansplit{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--realign", "mv_meansplit", *gap],
                                               (5e-3,))
        for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     **{f"plumage_cap1_pool_bf16_no_complement_meansplit{gap_name}": (
-        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(max_inv_p=1, resample_every=1),
-                          "--realign", "mv_meansplit", *gap], (5e-3,))
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
+            max_inv_p=1, resample_every=1, realign="mv_meansplit"), *gap], (5e-3,))
        for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # ... with another scale on the projected update than GaLore's 0.25 (the lr, on every group, stays)
     **{f"plumage_cap1_steady_quarter_cap05_h10_scale{str(scale).replace('.', '')}{gap_name}": (
