@@ -2,7 +2,8 @@
 
 Names, for each backend b in adamw, adamw8bit, adafactor, sgdm:
     b            full-rank (no projection)           galore_b   svd projector, no realignment
-    plumage_b    plumage projector, realign mv        flora_b    random projector, realign m
+    plumage_b    plumage projector, realign the class's (mv_meansplit: adamw, adamw8bit; mv: adafactor; m: sgdm)
+    flora_b      random projector, realign m
 and `<name>_per_layer` for each (weights step inside their gradient hooks). galore-torch's names keep
 working: adam, adam8bit, adafactor, sgd, galore_adamw, galore_adamw8bit, galore_adafactor,
 galore_adamw8bit_per_layer.
@@ -29,10 +30,16 @@ from .sgdm import GaLoreSGDM, PlumageSGDM, SGDMomentumBackend
 BACKENDS: dict[str, type[Backend]] = {
     cls.name: cls for cls in (AdamWBackend, AdamW8bitBackend, AdafactorBackend, SGDMomentumBackend)
 }
+# The plumage_* classes carry the family's recommended settings (lr, scale, options) in class_defaults: the best of
+# the fair pretraining protocol (benchmarks/pretrain_protocol.py, docs/protocol_compare.md). build_optimizer and the
+# command lines read them from there, so a name and its class agree.
+PLUMAGE_CLASSES: dict[str, type[LowRankOptimizer]] = {
+    "adamw": PlumageAdamW, "adamw8bit": PlumageAdamW8bit, "adafactor": PlumageAdafactor, "sgdm": PlumageSGDM,
+}
 FAMILIES = {  # prefix -> (projector, realign, what it is)
     "": (None, "none", "full-rank"),
     "galore_": ("svd", "none", "GaLore: top-r SVD projection"),
-    "plumage_": ("plumage", "mv", "PLUMAGE: sampled unbiased projection, M and V realigned"),
+    "plumage_": ("plumage", "mv", "PLUMAGE: sampled unbiased projection, M and V realigned"),  # realign: see below
     "flora_": ("random", "m", "FLORA: Gaussian projection, momentum transferred"),
 }
 ALIASES = {"adam": "adamw", "adam8bit": "adamw8bit", "sgd": "sgdm"}
@@ -53,6 +60,8 @@ def _build_registry() -> dict[str, OptimizerSpec]:
     for backend in BACKENDS:
         for prefix, (projector, realign, what) in FAMILIES.items():
             for per_layer in (False, True):
+                if projector == "plumage":  # its class's: the AdamW ones carry the mean and variance apart
+                    realign = PLUMAGE_CLASSES[backend].class_defaults["realign"]
                 name = f"{prefix}{backend}" + ("_per_layer" if per_layer else "")
                 description = f"{what}, {backend} moments" + (", per-layer steps" if per_layer else "")
                 registry[name] = OptimizerSpec(name, backend, projector, realign, per_layer, description)
@@ -83,12 +92,6 @@ def optimizer_class(backend: str) -> type[LowRankOptimizer]:
     return type(f"LowRank_{backend}", (LowRankOptimizer,), {"backend": BACKENDS[backend]()})
 
 
-# The plumage_* classes carry the family's recommended settings (lr, scale, options) in class_defaults: the best of
-# the fair pretraining protocol (benchmarks/pretrain_protocol.py, docs/protocol_compare.md). build_optimizer and the
-# command lines read them from there, so a name and its class agree.
-PLUMAGE_CLASSES: dict[str, type[LowRankOptimizer]] = {
-    "adamw": PlumageAdamW, "adamw8bit": PlumageAdamW8bit, "adafactor": PlumageAdafactor, "sgdm": PlumageSGDM,
-}
 DEFAULT_LR = 1e-3  # AdamW's published lr for GaLore's small Llamas; every optimizer without a measured one
 RECOMMENDED_LR: dict[tuple[str | None, str], float] = {
     ("plumage", backend): cls.class_defaults["lr"] for backend, cls in PLUMAGE_CLASSES.items()

@@ -98,7 +98,8 @@ class GaLoreAdamW(LowRankOptimizer):
 
 
 class PlumageAdamW(LowRankOptimizer):
-    """AdamW on PLUMAGE's sampled projection, moments realigned (M and V) at every refresh and every draw.
+    """AdamW on PLUMAGE's sampled projection, moments realigned at every refresh and every draw (the mean and the
+    variance carried apart, realign="mv_meansplit", LDAdam's rule; the paper's is "mv").
 
     Defaults: the setting the fair protocols chose (docs/results.md §3): the r directions are drawn anew before
     every update from the refresh's top 2r singular vectors (pool_factor=2) with PLUMAGE's min-variance probabilities
@@ -106,9 +107,10 @@ class PlumageAdamW(LowRankOptimizer):
     step size on a randomly completed basis), the gradient outside the basis moved at Adam's step size per column
     (residual="norm_matched", Fira's complement, at a quarter of Fira's step, residual_scale=0.25, with the limiter not
     reset by a refresh, residual_limiter="steady", and no column moved further than half the basis's step on it,
-    residual_cap=0.5), GaLore's recipe scale=0.25 and lr=5e-3 (the best on llama_tiny).
-    The paper's exact estimator: max_inv_p=None, resample_every=0, residual="none" (its documented setting also has
-    scale=1.0 and lr=1e-3)."""
+    residual_cap=0.5, and only on the first 10 updates after each refresh, residual_horizon=10), GaLore's recipe
+    scale=0.25 and lr=5e-3 (the best on llama_tiny).
+    The paper's exact estimator: max_inv_p=None, resample_every=0, residual="none", realign="mv" (its documented
+    setting also has scale=1.0 and lr=1e-3)."""
 
     backend = AdamWBackend()
     class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAM_RECIPE}

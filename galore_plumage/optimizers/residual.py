@@ -38,8 +38,11 @@ PLUMAGE_LIMITER, PLUMAGE_RESIDUAL_SCALE = "steady", 0.25
 # ‖G⊥‖/‖R‖ times that step, which grows as the basis goes stale; capped, the complement stops costing at τ = 200 what it
 # gains at τ = 40 (docs/results.md §3)
 PLUMAGE_RESIDUAL_CAP = 0.5
-# ... and moved only on the first updates after a refresh (session 14): see options.py's residual_horizon
-PLUMAGE_RESIDUAL_HORIZON = None
+# ... and moved only on the first 10 updates after each refresh (session 14). Its gain is there: over the first 10 it
+# carries on the directions the refresh dropped while their momentum would still have moved them (1 / (1 − β1) = 10
+# updates); later G⊥ is mostly what the stale basis misses, moved without momentum. At τ = 40 it keeps all the
+# complement's gain (a horizon of 5 loses part), at τ = 200 it removes its cost (docs/results.md §3)
+PLUMAGE_RESIDUAL_HORIZON = 10
 
 
 def why_no_complement(projector_cls) -> str | None:

@@ -138,8 +138,9 @@ def test_projector_override():
     assert (default["projector"], default["realign"], default["scale"]) == ("svd", "none", 0.25)
     plumage = next(g for g in build_optimizer("plumage_adamw", _model(), rank=4).param_groups if "rank" in g)
     # the fair protocols' choice for Adam moments: GaLore's recipe, Adam's step on every drawn row with no 1/p
-    # rescaling, the rows drawn anew before every update, Fira's complement
-    assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("plumage", "mv", 0.25)
+    # rescaling, the rows drawn anew before every update, Fira's complement, the moments' mean and variance carried
+    # apart (LDAdam's realignment; the paper's is mv)
+    assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("plumage", "mv_meansplit", 0.25)
     assert (plumage["lr"], plumage["sampled_step"], plumage["max_inv_p"], plumage["resample_every"]) == (
         5e-3, "adaptive", 1.0, 1)
     assert plumage["residual"] == "norm_matched" and plumage["pool_bf16"] is True

@@ -194,13 +194,21 @@ def test_eightbit_realign_is_the_fp32_transport_up_to_requantization():
         assert moved > 10 * bound.max()  # the transport is far bigger than the tolerance
 
 
-def test_optimizer_realigns_at_a_refresh():
-    """Through PlumageAdamW: at the refresh step M ← β₁·B M + (1−β₁) R, V ← β₂·(B∘B) V + (1−β₂) R²."""
+def _carried_v(projector, m, v, rule):
+    """V through the latest transition: (B∘B) V (mv), or (B M)² + (B∘B) max(V − M², 0) (mv_meansplit)."""
+    if rule == "mv":
+        return projector.transport(v, squared=True)
+    return projector.transport(m).square() + projector.transport((v - m.square()).clamp(min=0), squared=True)
+
+
+@pytest.mark.parametrize("rule", ["mv", "mv_meansplit"])  # the paper's; PlumageAdamW's default since session 14
+def test_optimizer_realigns_at_a_refresh(rule):
+    """Through PlumageAdamW: at the refresh step M ← β₁·B M + (1−β₁) R, V ← β₂·V' + (1−β₂) R², V' as the rule carries V."""
     generator = torch.Generator().manual_seed(6)
     weight = torch.nn.Parameter(torch.randn(24, 16, generator=generator))
     # no draws between refreshes (they realign too: tests/projectors/test_resample.py), so the refresh's is the last transition
-    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 3}], lr=1e-2, betas=(0.9, 0.99),
-                             resample_every=0)
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 3, "realign": rule}], lr=1e-2,
+                             betas=(0.9, 0.99), resample_every=0)
     group = optimizer.param_groups[0]
     for _ in range(3):
         weight.grad = torch.randn(24, 16, generator=generator)
@@ -214,5 +222,5 @@ def test_optimizer_realigns_at_a_refresh():
     r = projector.project(weight.grad)
     torch.testing.assert_close(state["exp_avg"], 0.9 * projector.transport(m_old) + 0.1 * r, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(
-        state["exp_avg_sq"], 0.99 * projector.transport(v_old, squared=True) + 0.01 * r.square(), rtol=1e-5, atol=1e-7
+        state["exp_avg_sq"], 0.99 * _carried_v(projector, m_old, v_old, rule) + 0.01 * r.square(), rtol=1e-5, atol=1e-7
     )

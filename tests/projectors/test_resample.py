@@ -111,11 +111,14 @@ def test_with_every_slot_kept_there_is_nothing_to_draw(spectral_matrix):
 
 
 
-def test_the_optimizer_carries_the_moments_to_each_draw():
-    """After an update with a draw, M and V are the update's moments moved by B and B∘B of the draw."""
+@pytest.mark.parametrize("rule", ["mv", "mv_meansplit"])  # the paper's; PlumageAdamW's default since session 14
+def test_the_optimizer_carries_the_moments_to_each_draw(rule):
+    """After an update with a draw, M is the update's moment moved by the draw's B, and V moved by B∘B (mv) or rebuilt
+    as (B M)² + (B∘B) max(V − M², 0) (mv_meansplit: a row that stays keeps max(V, M²), an entering one zero)."""
     generator = torch.Generator().manual_seed(6)
     weight = nn.Parameter(torch.randn(24, 16, generator=generator))
-    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 100, "resample_every": 1}], lr=1e-2)
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 100, "resample_every": 1,
+                               "realign": rule}], lr=1e-2)
     updated = {}
     optimizer.step_observers.append(
         lambda param, projector, update, state, refreshed: updated.update(
@@ -126,8 +129,10 @@ def test_the_optimizer_carries_the_moments_to_each_draw():
         optimizer.step()
         projector, state = optimizer._projectors[weight], optimizer.state[weight]
         torch.testing.assert_close(state["exp_avg"], projector.transport(updated["m"]), rtol=0, atol=1e-7)
-        torch.testing.assert_close(state["exp_avg_sq"], projector.transport(updated["v"], squared=True), rtol=0,
-                                   atol=1e-7)
+        m, v = updated["m"], updated["v"]
+        expected_v = (projector.transport(v, squared=True) if rule == "mv" else
+                      projector.transport(m).square() + projector.transport((v - m.square()).clamp(min=0), squared=True))
+        torch.testing.assert_close(state["exp_avg_sq"], expected_v, rtol=0, atol=1e-7)
         moved += not torch.equal(state["exp_avg"], updated["m"])
     assert moved >= 3 and projector.stats["resamples"] == 6
 
