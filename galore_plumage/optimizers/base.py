@@ -47,10 +47,10 @@ LOW_RANK_DEFAULTS: dict[str, Any] = {  # galore-torch's keys, then ours (the opt
 PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "scale": 1.0,
                                     **option_defaults("plumage")}
 # PLUMAGE with Adam moments (AdamW, 8-bit AdamW) at the setting the fair protocol chose: GaLore's recipe (scale 0.25
-# on the projected update, one lr on every group) at its best lr, and the moments' mean and variance carried apart
-# (LDAdam's mv_meansplit: V ← (B M)² + (B∘B) max(V − M², 0)) at every refresh and draw instead of the paper's mv
-# (session 14: +0.03 on llama_tiny at τ = 40 and 200; benchmarks/pretrain_protocol.py, docs/results.md §3)
-PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 5e-3, "scale": 0.25, "realign": "mv_meansplit"}
+# on the projected update, one lr on every group) at its best lr (7e-3 since session 14), and the moments' mean and
+# variance carried apart (LDAdam's mv_meansplit: V ← (B M)² + (B∘B) max(V − M², 0)) at every refresh and draw instead
+# of the paper's mv (session 14, llama_tiny: +0.03 at τ = 40 and 200; benchmarks/pretrain_protocol.py, docs/results.md §3)
+PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 7e-3, "scale": 0.25, "realign": "mv_meansplit"}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:

@@ -142,7 +142,7 @@ def test_projector_override():
     # apart (LDAdam's realignment; the paper's is mv)
     assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("plumage", "mv_meansplit", 0.25)
     assert (plumage["lr"], plumage["sampled_step"], plumage["max_inv_p"], plumage["resample_every"]) == (
-        5e-3, "adaptive", 1.0, 1)
+        7e-3, "adaptive", 1.0, 1)
     assert plumage["residual"] == "norm_matched" and plumage["pool_bf16"] is True
     sgdm = next(g for g in build_optimizer("plumage_sgdm", _model(), rank=4).param_groups if "rank" in g)
     # no normalization to amplify: the paper's step
@@ -192,7 +192,7 @@ def test_the_callers_groups_are_left_as_given():
     assert groups == given  # no key filled in, none changed
     plumage = PlumageAdamW(groups)
     low_rank = next(g for g in plumage.param_groups if "rank" in g)
-    assert (low_rank["projector"], low_rank["lr"], low_rank["scale"]) == ("plumage", 5e-3, 0.25)
+    assert (low_rank["projector"], low_rank["lr"], low_rank["scale"]) == ("plumage", 7e-3, 0.25)
     assert low_rank["params"] == weights and groups == given
 
 
