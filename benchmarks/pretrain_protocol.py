@@ -159,10 +159,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"plumage_cap1_steady_quarter_cap05_h10_{variant}{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
             max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
-            residual_cap=0.5, residual_horizon=10, **options), *gap], (5e-3,))
+            residual_cap=0.5, residual_horizon=10, **options), *gap], lrs)
        for variant, options in (("realign_none", {"realign": "none"}), ("realign_m", {"realign": "m"}),
                                 ("meansplit", {"realign": "mv_meansplit"}), ("rowbias", {"row_bias_correction": True}))
-       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for gap_name, gap, lrs in (("", [], (5e-3,) if variant != "meansplit" else (3e-3, 5e-3, 7e-3, 1e-2)),
+                                  ("_gap200", ["--update_proj_gap", "200"],
+                                   (5e-3,) if variant != "meansplit" else (3e-3, 5e-3, 7e-3, 1e-2, 1.4e-2)))},
     # LDAdam's realignment (mean and variance carried apart) on GaLore's recipe, and on the default without its complement
     **{f"galore_recipe_meansplit{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--realign", "mv_meansplit", *gap],
                                               (5e-3,))
