@@ -223,12 +223,18 @@ class Tiny(nn.Module):
         return self.mlp(torch.tanh(self.attn(x)))
 
 
-def test_per_layer_accumulation_with_the_complement_equals_normal_mode():
-    accumulation, updates = 3, 5
+def _tiny_twins() -> list[Tiny]:
+    """Two identical float64 Tiny models, one for normal mode and one for per-layer mode."""
     models = []
     for _ in range(2):
         torch.manual_seed(0)
         models.append(Tiny().double())
+    return models
+
+
+def test_per_layer_accumulation_with_the_complement_equals_normal_mode():
+    accumulation, updates = 3, 5
+    models = _tiny_twins()
     options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 2, "residual": "norm_matched"}
     normal = build_optimizer("plumage_adamw", models[0], **options)
     with pytest.warns(UserWarning, match="keeps each low-rank weight's full gradient"):
@@ -314,10 +320,7 @@ def test_the_horizon_counts_from_each_weights_own_refresh_when_staggered():
 def test_per_layer_accumulation_with_a_horizon_equals_normal_mode():
     """Per-layer mode keeps the full gradient only on the updates whose complement moves."""
     accumulation, updates = 3, 6
-    models = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        models.append(Tiny().double())
+    models = _tiny_twins()
     options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 3, "residual": "norm_matched", "residual_horizon": 1}
     normal = build_optimizer("plumage_adamw", models[0], **options)
     with pytest.warns(UserWarning, match="keeps each low-rank weight's full gradient"):
