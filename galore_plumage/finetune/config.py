@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..optimizers import RULES, check_optimizer_options, list_optimizers, optimizer_spec
+from ..optimizers import REALIGN_FLAG_HELP, RULES, check_optimizer_options, list_optimizers, optimizer_spec
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
 from ..training.config import add_flags, add_option_flags, flag, split_options
@@ -58,10 +58,7 @@ class FinetuneConfig:
     proj_type: str = flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
     lora_all_modules: bool = flag(False, "target every attention and MLP linear weight, not only the query")
     projector: str = flag(None, "override the optimizer's projector", choices=list_projectors())
-    realign: str = flag(None, "override the optimizer's moment realignment at refreshes and draws (its own: "
-                           "none for galore_*, m for flora_* and plumage_sgdm, mv_meansplit for plumage_adamw(8bit), "
-                           "mv for plumage_adafactor)",
-                           choices=RULES)
+    realign: str = flag(None, REALIGN_FLAG_HELP, choices=RULES)
     # --- LoRA baseline
     peft: str = flag("none", "'lora': train LoRA adapters (peft) on the target modules instead", choices=PEFT_METHODS)
     lora_alpha: float = flag(16.0, "LoRA's alpha (the adapter update is scaled by alpha / r)")

@@ -39,10 +39,13 @@ PLUMAGE_CLASSES: dict[str, type[LowRankOptimizer]] = {
 FAMILIES = {  # prefix -> (projector, realign, what it is)
     "": (None, "none", "full-rank"),
     "galore_": ("svd", "none", "GaLore: top-r SVD projection"),
-    "plumage_": ("plumage", "mv", "PLUMAGE: sampled unbiased projection, M and V realigned"),  # realign: see below
+    "plumage_": ("plumage", None, "PLUMAGE: sampled unbiased projection, M and V realigned"),  # None: its class's
     "flora_": ("random", "m", "FLORA: Gaussian projection, momentum transferred"),
 }
 ALIASES = {"adam": "adamw", "adam8bit": "adamw8bit", "sgd": "sgdm"}
+# the --realign flag of torchrun_main.py and run_glue.py, with what each name does when it is not given
+REALIGN_FLAG_HELP = ("override the optimizer's moment realignment at refreshes and draws (its own: none for galore_*, "
+                     "m for flora_* and plumage_sgdm, mv_meansplit for plumage_adamw(8bit), mv for plumage_adafactor)")
 
 
 @dataclass(frozen=True)
@@ -58,10 +61,10 @@ class OptimizerSpec:
 def _build_registry() -> dict[str, OptimizerSpec]:
     registry = {}
     for backend in BACKENDS:
-        for prefix, (projector, realign, what) in FAMILIES.items():
+        for prefix, (projector, family_realign, what) in FAMILIES.items():
+            # plumage_*: the backend's class decides (the AdamW ones carry the mean and the variance apart)
+            realign = family_realign or PLUMAGE_CLASSES[backend].class_defaults["realign"]
             for per_layer in (False, True):
-                if projector == "plumage":  # its class's: the AdamW ones carry the mean and variance apart
-                    realign = PLUMAGE_CLASSES[backend].class_defaults["realign"]
                 name = f"{prefix}{backend}" + ("_per_layer" if per_layer else "")
                 description = f"{what}, {backend} moments" + (", per-layer steps" if per_layer else "")
                 registry[name] = OptimizerSpec(name, backend, projector, realign, per_layer, description)
@@ -240,6 +243,7 @@ __all__ = [
     "LOW_RANK_DEFAULTS",
     "PLUMAGE_DEFAULTS",
     "RECOMMENDED_LR",
+    "REALIGN_FLAG_HELP",
     "RULES",
     "Backend",
     "GaLoreAdafactor",

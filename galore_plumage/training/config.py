@@ -18,6 +18,7 @@ from pathlib import Path
 from ..optimizers import (
     DEFAULT_LR,
     OPTIONS,
+    REALIGN_FLAG_HELP,
     RECOMMENDED_LR,
     RULES,
     LayerwiseOptimizer,
@@ -113,10 +114,7 @@ class TrainConfig:
                                       "plumage_adamw, 1.0 otherwise)")
     proj_type: str = flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
     projector: str = flag(None, "override the optimizer's projector", choices=list_projectors())
-    realign: str = flag(None, "override the optimizer's moment realignment at refreshes and draws (its own: "
-                           "none for galore_*, m for flora_* and plumage_sgdm, mv_meansplit for plumage_adamw(8bit), "
-                           "mv for plumage_adafactor)",
-                           choices=RULES)
+    realign: str = flag(None, REALIGN_FLAG_HELP, choices=RULES)
     # --- evaluation, checkpoints, logging
     eval_every: int = flag(5_000, "evaluate every this many updates (and at the end)")
     save_every: int = flag(10_000, "checkpoint every this many updates (and at the end)")
