@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 import galore_plumage
-from galore_plumage.optimizers import FAMILIES, optimizer_class
+from galore_plumage.optimizers import optimizer_class, optimizer_spec
 from galore_plumage.optimizers.memory import state_bytes
 from galore_plumage.optimizers.options import option_defaults
 
@@ -70,7 +70,7 @@ OPTIONS = {
     "adamw8bit": {"lr": 1e-3, "weight_decay": 0.0},
     "adafactor": {"lr": 1e-3, "relative_step": False, "scale_parameter": False},  # as GaLore's script
 }
-REALIGN = {projector: realign for projector, realign, _ in FAMILIES.values() if projector}  # galore_/flora_/plumage_
+REALIGN = {"svd": "none", "random": "m", "plumage": "mv"}  # galore_*'s, flora_*'s and the paper's rule
 SCALE = {"svd": 0.25, "random": 1.0, "plumage": 1.0}  # GaLore's recipe for svd; no effect on timing
 FLOOR = "floor: projection matmuls"
 
@@ -132,8 +132,8 @@ def ours_build(backend: str, projector: str, solver: str | None, default: bool =
     """Our optimizer with `projector`; default=True: with the plumage_* defaults (κ = 1: a draw from the pool of 2r
     vectors, moments realigned, before every step), otherwise the generic defaults (κ = 0: the paper's estimator)."""
     extra = {"projector": projector, "realign": REALIGN[projector]} | ({"solver": solver} if solver else {})
-    if default:
-        extra = option_defaults("plumage") | extra
+    if default:  # the plumage_<backend> name's options and realignment (mv_meansplit for the Adam backends)
+        extra = option_defaults("plumage") | extra | {"realign": optimizer_spec(f"plumage_{backend}").realign}
 
     def build(params, rank, gap):
         groups = low_rank_group(params, rank, gap, SCALE[projector], **extra)
