@@ -128,6 +128,9 @@ class TrainConfig:
     stop_at: int = flag(None, "checkpoint and stop at this update, as a preempted job would, keeping the schedule "
                                "of --num_training_steps; resume later with --continue_from")
     seed: int = flag(0, "seeds the model init, data order and projections")
+    projection_seed: int = flag(None, "seeds the projections (random bases, PLUMAGE's draws) apart from the model "
+                                      "and data; default: --seed. Separates an estimator's own randomness from the "
+                                      "run's in a seed study")
     single_gpu: bool = flag(False, "one process without DistributedDataParallel")
     fsdp: bool = flag(False, "shard the model over the processes with FSDP2 (fully_shard on each decoder layer and the "
                               "model) instead of DDP; optimizer state is sharded too, checkpoints are written with "

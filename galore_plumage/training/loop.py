@@ -58,7 +58,7 @@ def optimizer_options(config: TrainConfig) -> dict:
                        eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8)
     elif backend == "sgdm":
         options.update(momentum=config.beta1)
-    options["seed"] = config.seed
+    options["seed"] = config.seed if config.projection_seed is None else config.projection_seed
     options.update(config.low_rank)
     return options
 

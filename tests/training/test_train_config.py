@@ -16,6 +16,7 @@ from galore_plumage.optimizers import RULES
 from galore_plumage.projectors import list_projectors
 from galore_plumage.projectors.base import PROJ_TYPES
 from galore_plumage.training.config import TrainConfig, build_parser, parse_config, parse_token_count
+from galore_plumage.training.loop import optimizer_options
 
 # flag -> (argv, field, expected value): one run of each GaLore flag and each of ours with a non-default value
 GALORE_FLAGS = {
@@ -54,6 +55,7 @@ OUR_FLAGS = {
     "dataset": (["--dataset", "allenai/c4"], "allenai/c4"),
     "tokenizer": (["--tokenizer", "t5-base"], "t5-base"),
     "stop_at": (["--stop_at", "5"], 5),
+    "projection_seed": (["--projection_seed", "3"], 3),
 }
 
 
@@ -64,6 +66,13 @@ def test_each_flag_parses_under_its_name(flag):
     config = parse_config(argv)
     assert getattr(config, flag) == expected
     assert type(getattr(config, flag)) is type(expected)
+
+
+def test_projection_seed_seeds_the_projections_alone():
+    """--projection_seed reaches the optimizer's seed (its draws) and nothing else; without it the run's --seed does."""
+    assert optimizer_options(parse_config(["--seed", "4"]))["seed"] == 4
+    config = parse_config(["--seed", "4", "--projection_seed", "9"])
+    assert (config.seed, optimizer_options(config)["seed"]) == (4, 9)
 
 
 def test_the_remaining_galore_flags_parse():
