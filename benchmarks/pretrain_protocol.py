@@ -271,6 +271,30 @@ def paired(reference: list[float], arm: list[float]) -> str:
     return f"{mean:+.4f} (t = {t:.1f}; " + ", ".join(f"{d:+.3f}" for d in diffs) + ")"
 
 
+def pitman_morgan(reference: list[float], arm: list[float]) -> tuple[float, float]:
+    """(sd ratio arm / reference, two-sided p of the Pitman–Morgan test that the two variances are equal).
+
+    The seeds are shared, so the two spreads are not independent samples (an F test would be wrong): for paired X, Y,
+    var X = var Y exactly when X + Y and Y − X are uncorrelated, and t = r √(n − 2) / √(1 − r²) has n − 2 degrees
+    of freedom under that hypothesis, for normal pairs (Pitman 1939, Morgan 1939)."""
+    from scipy import stats
+
+    if len(arm) < 3 or len(reference) != len(arm):
+        raise ValueError(f"the test needs the same >= 3 seeds for both arms, got {len(reference)} and {len(arm)}")
+    ratio = statistics.stdev(arm) / statistics.stdev(reference)
+    r = statistics.correlation([a + b for a, b in zip(reference, arm)], [b - a for a, b in zip(reference, arm)])
+    t = r * math.sqrt(len(arm) - 2) / math.sqrt(max(1.0 - r * r, 1e-300))
+    return ratio, 2.0 * float(stats.t.sf(abs(t), len(arm) - 2))
+
+
+def spread_test(reference: list[float], arm: list[float]) -> str:
+    """The table's spread cell: sd ratio and the Pitman–Morgan p ("" below three seeds or for a diverged run)."""
+    if len(arm) < 3 or not all(math.isfinite(v) for v in [*reference, *arm]):
+        return ""
+    ratio, p = pitman_morgan(reference, arm)
+    return f"{ratio:.2f} (p = {p:.2f})"
+
+
 def fmt(value: float) -> str:
     return "diverged" if not math.isfinite(value) else f"{value:.4f}"
 
@@ -327,19 +351,22 @@ def main() -> None:
     finals = {label: runs for label, runs in finals.items() if None not in runs}
     lines += ["", f"## 2. Seeds {','.join(map(str, args.seeds))} at each arm's best lr", "",
               f"Paired difference: L_{args.reference} − L_arm per seed (positive = better than {args.reference}), with its "
-              "paired t statistic. Largest rise: the largest increase between consecutive evaluations of any seed.", "",
+              "paired t statistic. Largest rise: the largest increase between consecutive evaluations of any seed. "
+              f"Spread: the arm's sd over {args.reference}'s on the same seeds, with the two-sided p of the "
+              "Pitman–Morgan test of equal variances for paired samples (small p: the spreads differ).", "",
               "| arm | lr | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean ± sd | largest rise | "
-              f"vs {args.reference} |", "|---|---:|" + "---:|" * (len(args.seeds) + 3)]
+              f"vs {args.reference} | spread vs {args.reference} |", "|---|---:|" + "---:|" * (len(args.seeds) + 4)]
     for label, runs in finals.items():
         last = [run[-1] for run in runs]
         finite = all(math.isfinite(v) for v in last)
         sd = statistics.stdev(last) if finite and len(last) > 1 else math.nan
         mean = f"{statistics.fmean(last):.4f} ± {sd:.4f}" if finite else "diverged"
         rise = max(max_rise(run) for run in runs) if finite else math.inf
-        versus = (paired([r[-1] for r in finals[args.reference]], last)
-                  if args.reference in finals and label != args.reference else "")
+        compare = args.reference in finals and label != args.reference
+        reference = [r[-1] for r in finals[args.reference]] if compare else []
+        versus, spread = (paired(reference, last), spread_test(reference, last)) if compare else ("", "")
         lines.append(f"| {label} | {best[label]:g} | " + " | ".join(fmt(v) for v in last) +
-                     f" | {mean} | {fmt(rise)} | {versus} |")
+                     f" | {mean} | {fmt(rise)} | {versus} | {spread} |")
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
     if finals:
