@@ -198,6 +198,13 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
             residual_cap=0.5, residual_horizon=10, realign="mv_meansplit"), "--projection_seed", str(draws), *gap],
         (7e-3,) if not gap else (1e-2,))
        for draws in (101, 102, 103, 104) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+    # ... refreshed through solver="gram" (float32 eigh of the smaller Gram, 0.37-0.46x galore-torch's SVD on a CPU,
+    # exact over the pool): issue 15's quality check on the default of session 14
+    **{f"plumage_cap1_steady_quarter_cap05_h10_meansplit_gram{gap_name}": (
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--solver", "gram", *plumage_flags(
+            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
+            residual_cap=0.5, residual_horizon=10, realign="mv_meansplit"), *gap], (7e-3,) if not gap else (1e-2,))
+       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
