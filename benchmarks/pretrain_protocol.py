@@ -325,12 +325,18 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (set OMP_NUM_THREADS so they share the CPU)")
     parser.add_argument("--sweep-only", action="store_true", help="stop after the lr sweep")
     parser.add_argument("--report-only", action="store_true", help="only redraw from finished runs")
+    parser.add_argument("--pin_lr", type=lambda s: dict((label, float(lr)) for label, lr in
+                                                        (item.split("=") for item in s.split(","))), default={},
+                        help="LABEL=LR,...: run these arms' seeds at this lr instead of their sweep's best (e.g. an "
+                             "optimizer's default lr)")
     parser.add_argument("--reference", default=REFERENCE, help="the arm every other is paired against (GaLore's recipe "
                         "at the same refresh interval)")
     args = parser.parse_args()
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown:
         parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
+    if set(args.pin_lr) - set(args.arms):
+        parser.error(f"--pin_lr names arms not in --arms: {sorted(set(args.pin_lr) - set(args.arms))}")
 
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process; threads only wait on them
         sweep_jobs = [(label, lr, args.sweep_seed) for label in args.arms for lr in ARMS[label][2]]
@@ -341,13 +347,16 @@ def main() -> None:
                         if sweep[(label, lr, args.sweep_seed)] is not None}
             if finished:
                 best[label] = min(finished, key=lambda lr, f=finished: f[lr][-1])
+        best.update({label: lr for label, lr in args.pin_lr.items() if label in best})
         seed_jobs = [] if args.sweep_only else [(label, best[label], s) for label in best for s in args.seeds]
         curves = dict(zip(seed_jobs, pool.map(lambda job: ensure(args, *job), seed_jobs), strict=True))
 
     lines = [f"# Fair pretraining protocol ({Path(args.model_config).stem}, bundled corpus, {args.steps} updates)", "",
              f"Command: `OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs 2 --arms {','.join(args.arms)} "
              f"--seeds {','.join(map(str, args.seeds))} --steps {args.steps} --rank {args.rank} "
-             f"--update_proj_gap {args.update_proj_gap}`", "",
+             f"--update_proj_gap {args.update_proj_gap}"
+             + (f" --reference {args.reference}" if args.reference != REFERENCE else "")
+             + (" --pin_lr " + ",".join(f"{k}={v:g}" for k, v in args.pin_lr.items()) if args.pin_lr else "") + "`", "",
              f"## 1. lr sweep (seed {args.sweep_seed}; final eval loss)", "", "| arm | flags | lr: eval loss |", "|---|---|---|"]
     for label in args.arms:
         optimizer, extra, lrs = ARMS[label]
@@ -356,7 +365,8 @@ def main() -> None:
         lines.append(f"| {label} | `{' '.join([optimizer, *extra])}` | {cells} |")
     finals = {label: [curves.get((label, best[label], s)) for s in args.seeds] for label in best}
     finals = {label: runs for label, runs in finals.items() if None not in runs}
-    lines += ["", f"## 2. Seeds {','.join(map(str, args.seeds))} at each arm's best lr", "",
+    pinned = f" ({', '.join(f'{k} at {v:g}' for k, v in args.pin_lr.items())}: pinned by --pin_lr)" if args.pin_lr else ""
+    lines += ["", f"## 2. Seeds {','.join(map(str, args.seeds))} at each arm's best lr{pinned}", "",
               f"Paired difference: L_{args.reference} − L_arm per seed (positive = better than {args.reference}), with its "
               "paired t statistic. Largest rise: the largest increase between consecutive evaluations of any seed. "
               f"Spread: the arm's sd over {args.reference}'s on the same seeds, with the two-sided p of the "
