@@ -289,7 +289,8 @@ def pitman_morgan(reference: list[float], arm: list[float]) -> tuple[float, floa
     if len(arm) < 3 or len(reference) != len(arm):
         raise ValueError(f"the test needs the same >= 3 seeds for both arms, got {len(reference)} and {len(arm)}")
     ratio = statistics.stdev(arm) / statistics.stdev(reference)
-    r = statistics.correlation([a + b for a, b in zip(reference, arm)], [b - a for a, b in zip(reference, arm)])
+    pairs = list(zip(reference, arm, strict=True))
+    r = statistics.correlation([a + b for a, b in pairs], [b - a for a, b in pairs])
     t = r * math.sqrt(len(arm) - 2) / math.sqrt(max(1.0 - r * r, 1e-300))
     return ratio, 2.0 * float(stats.t.sf(abs(t), len(arm) - 2))
 
