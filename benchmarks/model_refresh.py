@@ -1,0 +1,177 @@
+"""Whole-model refresh time: every projected weight of a Llama refreshing its basis, ours against galore-torch's.
+
+A by-hand benchmark (issue 15), not a test. For each size (configs/llama_<size>.json) the projected weights are the
+seven nn.Linear weights of each decoder layer (q, k, v, o, gate, up, down), as GaLore's script projects them; each gets
+one refresh from a fixed, seeded random float32 gradient of its shape (one gradient per distinct shape, shared by the
+layers: a decomposition's time depends on the shape, not on which layer it is).
+
+    together   every weight refreshes at the same step, as at update 1 and, without `stagger`, at every τ-th update:
+               the wall time of refreshing them all one after the other (each figure once per rep, median over reps)
+    staggered  with `stagger=True` the k-th of N weights refreshes τ − ⌊kτ/N⌋ updates after the first, then every τ
+               (LowRankOptimizer._staggered_interval): the slowest update of one interval, from the per-shape times
+               measured for `together` (the sum over the weights due at that update), against galore-torch's
+               `together`: the update a user waits longest for, with and without the stagger
+
+Rows: galore-torch's GaLoreProjector.project at a refresh iteration (torch.linalg.svd of the gradient, then the
+projection), our `svd` projector and PLUMAGE's default refresh (pool of the top 2r vectors, κ = 1, bfloat16 pool)
+with each solver ("svd": torch.linalg.svd as galore-torch; "gram": float32 eigh of the smaller Gram; "gram64": the
+same in float64). Ours refresh through Projector.refresh and then project, as an optimizer step does.
+
+    python benchmarks/model_refresh.py [--sizes 60m,130m] [--reps 3] [--tau 200] [--device cpu|cuda] [--threads N]
+                                       [--out docs/model_refresh.md]
+
+On a CPU, 350m takes minutes a row and 1b/7b hours: run those on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import galore_plumage
+from galore_plumage.projectors import build_projector
+
+ROOT = Path(__file__).resolve().parent.parent
+RANKS = {"60m": 128, "130m": 256, "350m": 256, "1b": 512, "7b": 1024}  # GaLore's published ranks
+SEED = 0
+GALORE_TORCH = "galore-torch GaLoreProjector"
+
+
+def projected_shapes(size: str) -> list[tuple[int, int]]:
+    """The (out, in) shape of every projected weight of configs/llama_<size>.json in the model's order (per layer: q, k,
+    v, o, gate, up, down), the order `stagger` spreads them in."""
+    config = json.loads((ROOT / "configs" / f"llama_{size}.json").read_text())
+    h, i = config["hidden_size"], config["intermediate_size"]
+    layer = [(h, h)] * 4 + [(i, h), (i, h), (h, i)]
+    return layer * config["num_hidden_layers"]
+
+
+def staggered_offsets(count: int, tau: int) -> list[int]:
+    """Update (after the first, at which all refresh) of each weight's first staggered refresh, then every τ: the
+    schedule of LowRankOptimizer._staggered_interval (tests/benchmarks/test_model_refresh.py holds them equal)."""
+    return [tau - (k * tau) // count for k in range(count)]
+
+
+def slowest_staggered_update(seconds: list[float], tau: int) -> float:
+    """The largest total refresh time over the τ updates of one staggered interval (weight k due at its offset)."""
+    per_update = [0.0] * (tau + 1)
+    for k, offset in enumerate(staggered_offsets(len(seconds), tau)):
+        per_update[offset] += seconds[k]  # offsets lie in 1 … τ
+    return max(per_update)
+
+
+def galore_torch_refresh(rank: int) -> Callable[[torch.Tensor], None]:
+    from galore_torch.galore_projector import GaLoreProjector
+
+    def refresh(grad):
+        GaLoreProjector(rank, update_proj_gap=200, scale=0.25, proj_type="std").project(grad, 0)
+
+    return refresh
+
+
+def our_refresh(projector: str, rank: int, **options) -> Callable[[torch.Tensor], None]:
+    def refresh(grad):
+        built = build_projector(projector, rank, proj_type="std", update_proj_gap=200, **options)
+        if not built.refresh(grad, 0):
+            raise RuntimeError(f"{projector} {options} kept no basis for a gradient of shape {tuple(grad.shape)}")
+        built.project(grad)
+
+    return refresh
+
+
+def rows(rank: int) -> dict[str, Callable[[torch.Tensor], None]]:
+    default = dict(max_inv_p=1.0, resample_every=1, pool_bf16=True)
+    table = {GALORE_TORCH: galore_torch_refresh(rank)}
+    for solver in ("svd", "gram", "gram64"):
+        table[f"ours svd ({solver})"] = our_refresh("svd", rank, solver=solver)
+    for solver in ("svd", "gram", "gram64"):
+        table[f"ours plumage default ({solver})"] = our_refresh("plumage", rank, solver=solver, **default)
+    return table
+
+
+def timed(refresh: Callable[[torch.Tensor], None], grad: torch.Tensor) -> float:
+    if grad.is_cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    refresh(grad)
+    if grad.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure(size: str, reps: int, tau: int, device: torch.device) -> list[str]:
+    shapes = projected_shapes(size)
+    rank = RANKS[size]
+    generator = torch.Generator().manual_seed(SEED)
+    grads = {shape: torch.randn(shape, generator=generator).to(device) for shape in dict.fromkeys(shapes)}
+    table = rows(rank)
+    for refresh in table.values():  # warm-up: library loading, workspace allocation
+        refresh(grads[shapes[0]])
+    per_shape = {name: {shape: [] for shape in grads} for name in table}
+    totals = {name: [] for name in table}
+    for _ in range(reps):  # interleaved: each rep refreshes the whole model once per row
+        for name, refresh in table.items():
+            seconds = {shape: [] for shape in grads}
+            for shape in shapes:
+                seconds[shape].append(timed(refresh, grads[shape]))
+            totals[name].append(sum(sum(s) for s in seconds.values()))
+            for shape, values in seconds.items():
+                per_shape[name][shape].extend(values)
+    reference = statistics.median(totals[GALORE_TORCH])
+    lines = [f"## {size}: {len(shapes)} projected weights, rank {rank}", "",
+             f"| refresh | together s | / galore-torch | staggered: slowest update s (τ = {tau}) | / galore-torch together |",
+             "|---|---:|---:|---:|---:|"]
+    for name in table:
+        together = statistics.median(totals[name])
+        staggered = "— | —"  # galore-torch has no stagger: all its weights refresh at every τ-th update
+        if name != GALORE_TORCH:
+            median_shape = {shape: statistics.median(values) for shape, values in per_shape[name].items()}
+            slowest = slowest_staggered_update([median_shape[shape] for shape in shapes], tau)
+            staggered = f"{slowest:.3f} | {slowest / reference:.3f}"
+        lines.append(f"| {name} | {together:.2f} | {together / reference:.2f} | {staggered} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=lambda s: s.split(","), default=["60m", "130m"])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tau", type=int, default=200)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads on a CPU (default: torch's)")
+    parser.add_argument("--out", default=None, help="write the tables here too (markdown)")
+    args = parser.parse_args()
+    unknown = [s for s in args.sizes if s not in RANKS]
+    if unknown:
+        parser.error(f"unknown sizes {unknown}; choose from {', '.join(RANKS)}")
+    if args.reps < 1 or args.tau < 1:
+        parser.error(f"--reps and --tau must be >= 1, got {args.reps} and {args.tau}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or platform.machine()} " \
+                                                                           f"({torch.get_num_threads()} torch threads)"
+    lines = ["# Whole-model refresh time", "",
+             f"Command: `python benchmarks/{Path(__file__).name} {shlex.join(sys.argv[1:])}`  ",
+             f"Machine: {machine}; torch {torch.__version__}, galore_plumage {galore_plumage.__version__}; "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  ",
+             f"Reps: {args.reps} (medians). What each column is: the docstring of benchmarks/model_refresh.py.", ""]
+    for size in args.sizes:
+        lines += measure(size, args.reps, args.tau, device) + [""]
+        print("\n".join(lines), flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
