@@ -166,9 +166,11 @@ def main() -> None:
              f"Machine: {machine}; torch {torch.__version__}, galore_plumage {galore_plumage.__version__}; "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  ",
              f"Reps: {args.reps} (medians). What each column is: the docstring of benchmarks/model_refresh.py.", ""]
+    print("\n".join(lines), flush=True)
     for size in args.sizes:
-        lines += measure(size, args.reps, args.tau, device) + [""]
-        print("\n".join(lines), flush=True)
+        section = measure(size, args.reps, args.tau, device) + [""]
+        print("\n".join(section), flush=True)
+        lines += section
     if args.out:
         Path(args.out).write_text("\n".join(lines))
 
