@@ -26,10 +26,7 @@ On a CPU, 350m takes minutes a row and 1b/7b hours: run those on a GPU.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
-import shlex
 import statistics
 import sys
 import time
@@ -38,8 +35,10 @@ from pathlib import Path
 
 import torch
 
-import galore_plumage
-from galore_plumage.projectors import build_projector
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_time import command_line, layer_shapes, machine, random_tensors, synchronize  # noqa: E402 - on sys.path
+
+from galore_plumage.projectors import build_projector  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = {"60m": 128, "130m": 256, "350m": 256, "1b": 512, "7b": 1024}  # GaLore's published ranks
@@ -51,9 +50,7 @@ def projected_shapes(size: str) -> list[tuple[int, int]]:
     """The (out, in) shape of every projected weight of configs/llama_<size>.json in the model's order (per layer: q, k,
     v, o, gate, up, down), the order `stagger` spreads them in."""
     config = json.loads((ROOT / "configs" / f"llama_{size}.json").read_text())
-    h, i = config["hidden_size"], config["intermediate_size"]
-    layer = [(h, h)] * 4 + [(i, h), (i, h), (h, i)]
-    return layer * config["num_hidden_layers"]
+    return list(layer_shapes(config["hidden_size"], config["intermediate_size"]).values()) * config["num_hidden_layers"]
 
 
 def staggered_offsets(count: int, tau: int) -> list[int]:
@@ -100,20 +97,18 @@ def rows(rank: int) -> dict[str, Callable[[torch.Tensor], None]]:
 
 
 def timed(refresh: Callable[[torch.Tensor], None], grad: torch.Tensor) -> float:
-    if grad.is_cuda:
-        torch.cuda.synchronize()
+    synchronize(grad.device)
     start = time.perf_counter()
     refresh(grad)
-    if grad.is_cuda:
-        torch.cuda.synchronize()
+    synchronize(grad.device)
     return time.perf_counter() - start
 
 
 def measure(size: str, reps: int, tau: int, device: torch.device) -> list[str]:
     shapes = projected_shapes(size)
     rank = RANKS[size]
-    generator = torch.Generator().manual_seed(SEED)
-    grads = {shape: torch.randn(shape, generator=generator).to(device) for shape in dict.fromkeys(shapes)}
+    distinct = list(dict.fromkeys(shapes))
+    grads = dict(zip(distinct, random_tensors(distinct, device, SEED), strict=True))
     table = rows(rank)
     for refresh in table.values():  # warm-up: library loading, workspace allocation
         refresh(grads[shapes[0]])
@@ -159,12 +154,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or platform.machine()} " \
-                                                                           f"({torch.get_num_threads()} torch threads)"
-    lines = ["# Whole-model refresh time", "",
-             f"Command: `python benchmarks/{Path(__file__).name} {shlex.join(sys.argv[1:])}`  ",
-             f"Machine: {machine}; torch {torch.__version__}, galore_plumage {galore_plumage.__version__}; "
-             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  ",
+    lines = ["# Whole-model refresh time", "", f"Command: `{command_line()}`  ", f"Machine: {machine(device)}  ",
              f"Reps: {args.reps} (medians). What each column is: the docstring of benchmarks/model_refresh.py.", ""]
     print("\n".join(lines), flush=True)
     for size in args.sizes:
