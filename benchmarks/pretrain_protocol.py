@@ -35,6 +35,11 @@ from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path wh
 LRS = (1e-3, 3e-3, 1e-2)
 PAPER = plumage_flags()
 NORM_MATCHED = plumage_flags(sampled_step="norm_matched")
+GAPS = (("", []), ("_gap200", ["--update_proj_gap", "200"]))  # (label suffix, flags): the protocol's τ, and τ = 200
+# the default of session 14 but for its realignment: κ = 1, cap 1, the complement at a quarter of Fira's step with the
+# steady limiter, each column capped at half the basis's step, on the first 10 updates after a refresh
+H10 = dict(max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
+           residual_cap=0.5, residual_horizon=10)
 # label -> (optimizer, extra flags, lr grid, run in this order: the likeliest best first). Every arm names its scale
 # and its PLUMAGE options, so an arm does not move when a default changes. Grids were widened where the best lr fell
 # on an edge of the first one, and refined between 3e-3 and 1e-2 for GaLore and the default (5e-3 and 7e-3): at 5e-3
@@ -138,28 +143,26 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                residual_scale=0.25)]),
            ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"]))
        for factor in (0.9, 0.97)
-       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for gap_name, gap in GAPS},
     # ... with each column of its complement held to `cap` x the basis's step on that column (residual_cap): Fira's φ
     # moves it by ‖G⊥‖/‖R‖ x that step, which grows as the basis goes stale (at τ = 200 the complement costs 0.06)
     **{f"plumage_cap1_steady_quarter_cap{str(cap).replace('.', '')}{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
             max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
             residual_cap=cap), *gap], (5e-3, 3e-3, 7e-3) if cap == 0.5 else (5e-3,))
-       for cap in (1.0, 0.5, 0.25) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for cap in (1.0, 0.5, 0.25) for gap_name, gap in GAPS},
     # ... and moved only on the first H updates after each refresh (residual_horizon): at τ = 200 the capped complement
     # fell 0.03 behind the arm without one in the first interval, whose basis was fitted to update 1's gradient
     **{f"plumage_cap1_steady_quarter_cap05_h{horizon}{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
             max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
             residual_cap=0.5, residual_horizon=horizon), *gap], (5e-3, 3e-3, 7e-3))
-       for horizon in (5, 10, 20, 40) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for horizon in (5, 10, 20, 40) for gap_name, gap in GAPS},
     # ... with the moments carried otherwise across a refresh and a draw (the default's realign is mv), or each basis
     # row bias-corrected by its own age: the complement's gain lies in the first updates after a refresh, where the
     # entering directions' moments are young
     **{f"plumage_cap1_steady_quarter_cap05_h10_{variant}{gap_name}": (
-        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
-            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
-            residual_cap=0.5, residual_horizon=10, **options), *gap], lrs)
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(**H10, **options), *gap], lrs)
        for variant, options in (("realign_none", {"realign": "none"}), ("realign_m", {"realign": "m"}),
                                 ("meansplit", {"realign": "mv_meansplit"}), ("rowbias", {"row_bias_correction": True}))
        for gap_name, gap, lrs in (("", [], (5e-3,) if variant != "meansplit" else (3e-3, 5e-3, 7e-3, 1e-2)),
@@ -168,43 +171,38 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # LDAdam's realignment (mean and variance carried apart) on GaLore's recipe, and on the default without its complement
     **{f"galore_recipe_meansplit{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--realign", "mv_meansplit", *gap],
                                               (5e-3,))
-       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for gap_name, gap in GAPS},
     **{f"plumage_cap1_pool_bf16_no_complement_meansplit{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
             max_inv_p=1, resample_every=1, realign="mv_meansplit"), *gap], (5e-3,))
-       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for gap_name, gap in GAPS},
     # ... with another scale on the projected update than GaLore's 0.25 (the lr, on every group, stays)
     **{f"plumage_cap1_steady_quarter_cap05_h10_scale{str(scale).replace('.', '')}{gap_name}": (
-        "plumage_adamw", ["--galore_scale", str(scale), "--pool_bf16", *plumage_flags(
-            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
-            residual_cap=0.5, residual_horizon=10), *gap], (5e-3,))
-       for scale in (0.18, 0.35) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+        "plumage_adamw", ["--galore_scale", str(scale), "--pool_bf16", *plumage_flags(**H10), *gap], (5e-3,))
+       for scale in (0.18, 0.35) for gap_name, gap in GAPS},
     # ... a short horizon with a larger complement: half Fira's step, or each column up to the basis's step
     **{f"plumage_cap1_steady_{scale_name}_cap{str(cap).replace('.', '')}_h10{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
             max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=scale,
             residual_cap=cap, residual_horizon=10), *gap], (5e-3,))
        for scale_name, scale, cap in (("half", 0.5, 0.5), ("quarter", 0.25, 1.0), ("half", 0.5, 1.0))
-       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+       for gap_name, gap in GAPS},
     # the default of session 12 without its complement (residual "none"), at the protocol's τ and at τ = 200
     **{f"plumage_cap1_pool_bf16_no_complement{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(max_inv_p=1, resample_every=1), *gap],
-        (5e-3, 3e-3, 7e-3, 1e-2)) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+        (5e-3, 3e-3, 7e-3, 1e-2)) for gap_name, gap in GAPS},
     # the default's own randomness: run at --seeds 0 (model and data fixed), its draws seeded apart (--projection_seed):
     # the spread of these runs is the part of the seed spread the estimator adds
     **{f"plumage_cap1_steady_quarter_cap05_h10_meansplit_draws{draws}{gap_name}": (
-        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
-            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
-            residual_cap=0.5, residual_horizon=10, realign="mv_meansplit"), "--projection_seed", str(draws), *gap],
-        (7e-3,) if not gap else (1e-2,))
-       for draws in (101, 102, 103, 104) for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(**H10, realign="mv_meansplit"),
+                          "--projection_seed", str(draws), *gap], (7e-3,) if not gap else (1e-2,))
+       for draws in (101, 102, 103, 104) for gap_name, gap in GAPS},
     # ... refreshed through solver="gram" (float32 eigh of the smaller Gram, 0.37-0.46x galore-torch's SVD on a CPU,
     # exact over the pool): issue 15's quality check on the default of session 14
     **{f"plumage_cap1_steady_quarter_cap05_h10_meansplit_gram{gap_name}": (
-        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--solver", "gram", *plumage_flags(
-            max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
-            residual_cap=0.5, residual_horizon=10, realign="mv_meansplit"), *gap], (7e-3,) if not gap else (1e-2,))
-       for gap_name, gap in (("", []), ("_gap200", ["--update_proj_gap", "200"]))},
+        "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--solver", "gram",
+                          *plumage_flags(**H10, realign="mv_meansplit"), *gap], (7e-3,) if not gap else (1e-2,))
+       for gap_name, gap in GAPS},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
