@@ -203,6 +203,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", "--solver", "gram",
                           *plumage_flags(**H10, realign="mv_meansplit"), *gap], (7e-3,) if not gap else (1e-2,))
        for gap_name, gap in GAPS},
+    # GaLore's recipe with v_floor (V ← max(V, M²) before each low-rank update: what the default's mv_meansplit does to
+    # every staying row at its draws, and all of the default's lead over GaLore's recipe in session 15), and with the
+    # bound taken after bias correction instead (no warm-up of the low-rank step): which of the floor's two effects pays
+    **{f"galore_recipe_vfloor{name}{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", floor, *gap], lrs)
+       for name, floor, lrs in (("", "m2", (1e-2, 1.4e-2, 7e-3, 2e-2, 5e-3)), ("_corrected", "m2_corrected", (5e-3, 7e-3, 1e-2)))
+       for gap_name, gap in GAPS},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),

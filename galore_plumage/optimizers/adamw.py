@@ -7,6 +7,7 @@ import math
 import torch
 
 from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
+from .moment_floor import floor_second_moment
 from .realign import realign_dense
 
 
@@ -35,10 +36,17 @@ class AdamWBackend(Backend):
     def validate(self, group):
         check_non_negative(group, "lr", "eps", "weight_decay")
         check_betas(group["betas"])
+        if group.get("v_floor") == "m2_corrected" and group.get("row_bias_correction"):
+            raise ValueError("v_floor='m2_corrected' bounds V by the global bias correction, which "
+                             "row_bias_correction=True replaces per row: drop one of them")
 
     def update(self, state, grad, group, param, rows=None):
         beta1, beta2 = group["betas"]
         decay = group["lr"] * group["weight_decay"]
+        if rows is not None:  # a low-rank weight (the floor is a low-rank group's option)
+            # without bias correction the corrected bound is the raw one
+            floor = "m2" if group["v_floor"] == "m2_corrected" and not group["correct_bias"] else group["v_floor"]
+            floor_second_moment(state, floor, beta1, beta2)
         if group.get("row_bias_correction") and rows is not None and group["correct_bias"]:
             return Update(row_corrected_direction(state, grad, rows, beta1, beta2, group["eps"]), group["lr"], decay)
         direction = adam_direction(state, grad, beta1, beta2, group["eps"])

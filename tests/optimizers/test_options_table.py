@@ -37,6 +37,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "refresh_ema": (["--refresh_ema", "0.9"], 0.9),
     "residual_cap": (["--residual_cap", "1"], 1.0),
     "residual_horizon": (["--residual_horizon", "20"], 20),
+    "v_floor": (["--v_floor", "m2"], "m2"),
 }
 
 

@@ -153,7 +153,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
         "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
         "sampled_step", "row_bias_correction", "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
-        "residual_limiter", "residual_scale", "residual_cap", "residual_horizon", "refresh_ema",
+        "residual_limiter", "residual_scale", "residual_cap", "residual_horizon", "refresh_ema", "v_floor",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector", "residual_norm"}  # the complement's limiter
@@ -169,7 +169,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
 def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
     """Group keys added since the first release (solver, max_inv_p, sampled_step, row_bias_correction, resample_every,
     align_signs, pool_factor, pool_bf16, residual, residual_limiter, residual_scale, residual_cap, residual_horizon,
-    refresh_ema) are missing
+    refresh_ema, v_floor) are missing
     from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
@@ -185,7 +185,7 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
                                if k not in ("solver", "max_inv_p", "sampled_step", "row_bias_correction",
                                             "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
                                             "residual_limiter", "residual_scale", "residual_cap", "residual_horizon",
-                                            "refresh_ema")}
+                                            "refresh_ema", "v_floor")}
                               for g in current["param_groups"]]}
     twins = []
     for state_dict in (current, older):

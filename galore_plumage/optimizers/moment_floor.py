@@ -1,0 +1,34 @@
+"""v_floor: raise Adam's second moment to at least the square of its mean before each low-rank update.
+
+    none           Adam's moments as they are (galore-torch)
+    m2             V ← max(V, M²) on the raw moments
+    m2_corrected   V ← max(V, M² (1 − β2^k) / (1 − β1^k)²), k updates in the moments: V̂ ≥ M̂² after bias correction
+
+Why it exists: PLUMAGE's default realigns with LDAdam's mv_meansplit at every draw (every update), and on a row that
+stays in the basis that rule is exactly `m2`: the protocol traced all of the default's lead over GaLore's recipe to it
+(docs/results.md §3, session 15). As a group option any projector can have it, GaLore's svd included.
+
+What `m2` does: the raw moments carry different bias (M ≈ (1 − β1^k) E[g], V ≈ (1 − β2^k) E[g²]), so on a
+coordinate whose gradient keeps its sign the floor holds V near E[g]², and Adam's bias-corrected step there becomes
+lr · √(1 − β2^k) instead of lr: a slow warm-up, over about 1 / (1 − β2) = 1000 updates, of the low-rank weights
+alone (noisy coordinates, where E[g²] ≫ E[g]², are untouched). `m2_corrected` keeps only what the floor does after
+bias correction (no coordinate's normalized step above 1) without that warm-up: the two tell the mechanisms apart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+V_FLOORS = ("none", "m2", "m2_corrected")
+
+
+def floor_second_moment(state: dict, floor: str, beta1: float, beta2: float) -> None:
+    """Apply `floor` to state's exp_avg_sq in place, before this step's gradient enters (state["step"] counts it)."""
+    if floor == "none" or "exp_avg" not in state:
+        return
+    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    bound = exp_avg.square()
+    if floor == "m2_corrected":
+        done = state["step"] - 1  # updates already in the moments
+        bound.mul_((1.0 - beta2**done) / (1.0 - beta1**done) ** 2)
+    torch.maximum(exp_avg_sq, bound, out=exp_avg_sq)
