@@ -174,7 +174,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
        for gap_name, gap in GAPS},
     **{f"plumage_cap1_pool_bf16_no_complement_meansplit{gap_name}": (
         "plumage_adamw", ["--galore_scale", "0.25", "--pool_bf16", *plumage_flags(
-            max_inv_p=1, resample_every=1, realign="mv_meansplit"), *gap], (5e-3,))
+            max_inv_p=1, resample_every=1, realign="mv_meansplit"), *gap], (5e-3, 7e-3, 1e-2, 1.4e-2))
        for gap_name, gap in GAPS},
     # ... with another scale on the projected update than GaLore's 0.25 (the lr, on every group, stays)
     **{f"plumage_cap1_steady_quarter_cap05_h10_scale{str(scale).replace('.', '')}{gap_name}": (
@@ -208,6 +208,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # bound taken after bias correction instead (no warm-up of the low-rank step): which of the floor's two effects pays
     **{f"galore_recipe_vfloor{name}{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", floor, *gap], lrs)
        for name, floor, lrs in (("", "m2", (1e-2, 1.4e-2, 7e-3, 2e-2, 5e-3)), ("_corrected", "m2_corrected", (5e-3, 7e-3, 1e-2)))
+       for gap_name, gap in GAPS},
+    # ... and with the default's complement (Fira's, a quarter step, steady limiter, cap 0.5, first 10 updates after a
+    # refresh): with the floor on both sides, the default differs from this arm only by PLUMAGE's draws
+    **{f"galore_recipe_vfloor_h10{gap_name}": ("galore_adamw", [
+        "--galore_scale", "0.25", "--v_floor", "m2", "--residual", "norm_matched", "--residual_limiter", "steady",
+        "--residual_scale", "0.25", "--residual_cap", "0.5", "--residual_horizon", "10", *gap], (1e-2, 7e-3, 1.4e-2))
        for gap_name, gap in GAPS},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
