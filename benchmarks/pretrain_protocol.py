@@ -338,8 +338,8 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="only redraw from finished runs")
     parser.add_argument("--pin_lr", type=lambda s: dict((label, float(lr)) for label, lr in
                                                         (item.split("=") for item in s.split(","))), default={},
-                        help="LABEL=LR,...: run these arms' seeds at this lr instead of their sweep's best (e.g. an "
-                             "optimizer's default lr)")
+                        help="LABEL=LR,...: run these arms at this lr only, no sweep (e.g. an optimizer's default lr, or "
+                             "another horizon at the lr the protocol chose)")
     parser.add_argument("--reference", default=REFERENCE, help="the arm every other is paired against (GaLore's recipe "
                         "at the same refresh interval)")
     args = parser.parse_args()
@@ -350,15 +350,16 @@ def main() -> None:
         parser.error(f"--pin_lr names arms not in --arms: {sorted(set(args.pin_lr) - set(args.arms))}")
 
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process; threads only wait on them
-        sweep_jobs = [(label, lr, args.sweep_seed) for label in args.arms for lr in ARMS[label][2]]
+        # a pinned arm runs only its pinned lr: its sweep would choose nothing
+        grids = {label: (args.pin_lr[label],) if label in args.pin_lr else ARMS[label][2] for label in args.arms}
+        sweep_jobs = [(label, lr, args.sweep_seed) for label in args.arms for lr in grids[label]]
         sweep = dict(zip(sweep_jobs, pool.map(lambda job: ensure(args, *job), sweep_jobs), strict=True))
         best = {}
         for label in args.arms:
-            finished = {lr: sweep[(label, lr, args.sweep_seed)] for lr in ARMS[label][2]
+            finished = {lr: sweep[(label, lr, args.sweep_seed)] for lr in grids[label]
                         if sweep[(label, lr, args.sweep_seed)] is not None}
             if finished:
                 best[label] = min(finished, key=lambda lr, f=finished: f[lr][-1])
-        best.update({label: lr for label, lr in args.pin_lr.items() if label in best})
         seed_jobs = [] if args.sweep_only else [(label, best[label], s) for label in best for s in args.seeds]
         curves = dict(zip(seed_jobs, pool.map(lambda job: ensure(args, *job), seed_jobs), strict=True))
 
@@ -371,8 +372,8 @@ def main() -> None:
              f"## 1. lr sweep (seed {args.sweep_seed}; final eval loss)", "", "| arm | flags | lr: eval loss |", "|---|---|---|"]
     for label in args.arms:
         optimizer, extra, lrs = ARMS[label]
-        cells = ", ".join(f"{lr:g}: " + ("—" if sweep[(label, lr, args.sweep_seed)] is None
-                                         else fmt(sweep[(label, lr, args.sweep_seed)][-1])) for lr in sorted(lrs))
+        cells = ", ".join(f"{lr:g}: " + ("—" if sweep.get((label, lr, args.sweep_seed)) is None
+                                         else fmt(sweep[(label, lr, args.sweep_seed)][-1])) for lr in sorted(grids[label]))
         lines.append(f"| {label} | `{' '.join([optimizer, *extra])}` | {cells} |")
     finals = {label: [curves.get((label, best[label], s)) for s in args.seeds] for label in best}
     finals = {label: runs for label, runs in finals.items() if None not in runs}
