@@ -1,0 +1,33 @@
+"""pretrain_protocol --pin_lr: a pinned arm runs its seeds at the pinned lr only (no sweep over its grid), the others
+sweep their grid and keep their best; the report names the pin (runs replaced by a recorder: no training here)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import pretrain_protocol  # noqa: E402
+
+
+def test_a_pinned_arm_runs_only_its_pinned_lr(monkeypatch, tmp_path):
+    ran = []
+
+    def fake_run(args, label, lr, seed):
+        ran.append((label, lr, seed))
+        return [5.0, 4.0 + abs(lr - 5e-3)]  # eval losses: the grid's best is 5e-3
+
+    monkeypatch.setattr(pretrain_protocol, "ensure", fake_run)
+    monkeypatch.setattr(pretrain_protocol, "plot_losses", lambda *a, **k: None)
+    monkeypatch.setattr(pretrain_protocol, "load_run", lambda *a, **k: (None, []))
+    monkeypatch.setattr(sys, "argv", ["pretrain_protocol.py", "--arms", "galore_recipe,galore_recipe_vfloor",
+                                      "--pin_lr", "galore_recipe_vfloor=1.4e-2", "--seeds", "0,1",
+                                      "--out", str(tmp_path), "--name", "pinned"])
+    pretrain_protocol.main()
+    pinned = {(lr, seed) for label, lr, seed in ran if label == "galore_recipe_vfloor"}
+    assert pinned == {(1.4e-2, 0), (1.4e-2, 1)}
+    swept = {lr for label, lr, seed in ran if label == "galore_recipe" and seed == 0}
+    assert swept == set(pretrain_protocol.ARMS["galore_recipe"][2])
+    assert {(lr, seed) for label, lr, seed in ran if label == "galore_recipe" and seed == 1} == {(5e-3, 1)}
+    report = (tmp_path / "pinned_compare.md").read_text()
+    assert "--pin_lr galore_recipe_vfloor=0.014" in report and "galore_recipe_vfloor at 0.014: pinned" in report
