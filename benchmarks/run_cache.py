@@ -20,7 +20,7 @@ def run_or_reuse(command: list[str], out: Path, result: Callable[[Path], dict | 
     standard error goes to `out/stderr.txt` (kept when the run fails, so the caller can tell why)."""
     recorded = out / "command.json"
     done = result(out)
-    if done is not None and recorded.exists() and _same_run(json.loads(recorded.read_text()), command[1:]):
+    if done is not None and recorded.exists() and _same_run(json.loads(recorded.read_text()), command[1:], out):
         return done
     if report_only:
         return None
@@ -37,7 +37,8 @@ def run_or_reuse(command: list[str], out: Path, result: Callable[[Path], dict | 
     return result(out)
 
 
-def _same_run(recorded: list[str], arguments: list[str]) -> bool:
-    """The same script (by name) with the same arguments."""
+def _same_run(recorded: list[str], arguments: list[str], out: Path) -> bool:
+    """The same script (by name) with the same arguments, `out` aside: the record lies in `out`, so its run wrote
+    there, whatever path it was reached by then (another copy of the repository names it under its own root)."""
     return (len(recorded) == len(arguments) and Path(recorded[0]).name == Path(arguments[0]).name
-            and recorded[1:] == arguments[1:])
+            and all(old == new or new == str(out) for old, new in zip(recorded[1:], arguments[1:], strict=True)))
