@@ -340,18 +340,24 @@ def main() -> None:
                                                         (item.split("=") for item in s.split(","))), default={},
                         help="LABEL=LR,...: run these arms at this lr only, no sweep (e.g. an optimizer's default lr, or "
                              "another horizon at the lr the protocol chose)")
+    parser.add_argument("--lr_grid", type=lambda s: dict((label, tuple(float(lr) for lr in lrs.split(":"))) for label, lrs in
+                                                         (item.split("=") for item in s.split(","))), default={},
+                        help="LABEL=LR:LR:...,...: sweep these arms over these lrs instead of their grid (another horizon "
+                             "or model, where the grid's best may have moved)")
     parser.add_argument("--reference", default=REFERENCE, help="the arm every other is paired against (GaLore's recipe "
                         "at the same refresh interval)")
     args = parser.parse_args()
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown:
         parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
-    if set(args.pin_lr) - set(args.arms):
-        parser.error(f"--pin_lr names arms not in --arms: {sorted(set(args.pin_lr) - set(args.arms))}")
+    for flag, named in (("--pin_lr", args.pin_lr), ("--lr_grid", args.lr_grid)):
+        if set(named) - set(args.arms):
+            parser.error(f"{flag} names arms not in --arms: {sorted(set(named) - set(args.arms))}")
 
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process; threads only wait on them
         # a pinned arm runs only its pinned lr: its sweep would choose nothing
-        grids = {label: (args.pin_lr[label],) if label in args.pin_lr else ARMS[label][2] for label in args.arms}
+        grids = {label: (args.pin_lr[label],) if label in args.pin_lr else args.lr_grid.get(label, ARMS[label][2])
+                 for label in args.arms}
         sweep_jobs = [(label, lr, args.sweep_seed) for label in args.arms for lr in grids[label]]
         sweep = dict(zip(sweep_jobs, pool.map(lambda job: ensure(args, *job), sweep_jobs), strict=True))
         best = {}
@@ -367,8 +373,12 @@ def main() -> None:
              f"Command: `OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs 2 --arms {','.join(args.arms)} "
              f"--seeds {','.join(map(str, args.seeds))} --steps {args.steps} --rank {args.rank} "
              f"--update_proj_gap {args.update_proj_gap}"
+             + (f" --eval_every {args.eval_every}" if args.eval_every != 50 else "")
+             + (f" --runs {args.runs}" if args.runs != "runs/protocol" else "")
              + (f" --reference {args.reference}" if args.reference != REFERENCE else "")
-             + (" --pin_lr " + ",".join(f"{k}={v:g}" for k, v in args.pin_lr.items()) if args.pin_lr else "") + "`", "",
+             + (" --pin_lr " + ",".join(f"{k}={v:g}" for k, v in args.pin_lr.items()) if args.pin_lr else "")
+             + (" --lr_grid " + ",".join(f"{k}=" + ":".join(f"{v:g}" for v in lrs) for k, lrs in args.lr_grid.items())
+                if args.lr_grid else "") + "`", "",
              f"## 1. lr sweep (seed {args.sweep_seed}; final eval loss)", "", "| arm | flags | lr: eval loss |", "|---|---|---|"]
     for label in args.arms:
         optimizer, extra, lrs = ARMS[label]

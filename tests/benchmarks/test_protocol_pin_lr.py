@@ -1,5 +1,6 @@
-"""pretrain_protocol --pin_lr: a pinned arm runs its seeds at the pinned lr only (no sweep over its grid), the others
-sweep their grid and keep their best; the report names the pin (runs replaced by a recorder: no training here)."""
+"""pretrain_protocol --pin_lr and --lr_grid: a pinned arm runs its seeds at the pinned lr only (no sweep over its grid),
+an arm given a grid sweeps that grid instead of its own, the others sweep their grid and keep their best; the report
+names both (runs replaced by a recorder: no training here)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def test_a_pinned_arm_runs_only_its_pinned_lr(monkeypatch, tmp_path):
     monkeypatch.setattr(pretrain_protocol, "ensure", fake_run)
     monkeypatch.setattr(pretrain_protocol, "plot_losses", lambda *a, **k: None)
     monkeypatch.setattr(pretrain_protocol, "load_run", lambda *a, **k: (None, []))
-    monkeypatch.setattr(sys, "argv", ["pretrain_protocol.py", "--arms", "galore_recipe,galore_recipe_vfloor",
-                                      "--pin_lr", "galore_recipe_vfloor=1.4e-2", "--seeds", "0,1",
+    monkeypatch.setattr(sys, "argv", ["pretrain_protocol.py", "--arms", "galore_recipe,galore_recipe_vfloor,adamw",
+                                      "--pin_lr", "galore_recipe_vfloor=1.4e-2", "--lr_grid", "adamw=4e-3:6e-3",
+                                      "--seeds", "0,1",
                                       "--out", str(tmp_path), "--name", "pinned"])
     pretrain_protocol.main()
     pinned = {(lr, seed) for label, lr, seed in ran if label == "galore_recipe_vfloor"}
@@ -29,5 +31,7 @@ def test_a_pinned_arm_runs_only_its_pinned_lr(monkeypatch, tmp_path):
     swept = {lr for label, lr, seed in ran if label == "galore_recipe" and seed == 0}
     assert swept == set(pretrain_protocol.ARMS["galore_recipe"][2])
     assert {(lr, seed) for label, lr, seed in ran if label == "galore_recipe" and seed == 1} == {(5e-3, 1)}
+    assert {(lr, seed) for label, lr, seed in ran if label == "adamw"} == {(4e-3, 0), (6e-3, 0), (4e-3, 1)}
     report = (tmp_path / "pinned_compare.md").read_text()
     assert "--pin_lr galore_recipe_vfloor=0.014" in report and "galore_recipe_vfloor at 0.014: pinned" in report
+    assert "--lr_grid adamw=0.004:0.006" in report and "| adamw | `adamw` | 0.004: 4.0010, 0.006: 4.0010 |" in report
