@@ -13,6 +13,7 @@ import math
 import torch
 
 from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
+from .moment_floor import floor_second_moment
 from .realign import realign_dense
 
 BLOCKSIZE = 256  # bitsandbytes' block for 8-bit optimizer states
@@ -100,6 +101,8 @@ class AdamW8bitBackend(Backend):
         grad = grad.float().contiguous()
         if "state1" not in state:
             self._init(state, grad, group)
+        elif rows is not None and group["v_floor"] != "none":  # a low-rank weight's floor (moment_floor.py)
+            self._floor(state, group)
         scratch = torch.zeros_like(grad)
         self._kernel(state, grad, scratch, group, weight_decay=0.0)
         # scratch now holds −lr·m̂/(√v̂+ε): the weight moves by +project_back(scratch); per unit of AdamW's M/√V it
@@ -114,6 +117,16 @@ class AdamW8bitBackend(Backend):
         if "state1" not in state:
             self._init(state, param, group)
         self._kernel(state, grad.contiguous(), param, group, weight_decay=group["weight_decay"])
+
+    @staticmethod
+    def _floor(state: dict, group: dict) -> None:
+        """v_floor on the 8-bit moments: dequantize, raise V, requantize V (M is read only)."""
+        quantized = state["state1"].dtype == torch.uint8
+        moments = {"step": state["step"], "exp_avg": dequantize(state, 1) if quantized else state["state1"],
+                   "exp_avg_sq": dequantize(state, 2) if quantized else state["state2"]}
+        floor_second_moment(moments, group["v_floor"], *group["betas"])
+        if quantized:
+            quantize_into(state, 2, moments["exp_avg_sq"])
 
     def realign(self, state, projector, rule):
         if "state1" not in state or rule == "none":

@@ -1,4 +1,5 @@
-"""v_floor: raise Adam's second moment to at least the square of its mean before each low-rank update.
+"""v_floor: raise Adam's second moment to at least the square of its mean before each low-rank update (AdamW, and
+8-bit AdamW on its dequantized moments).
 
     none           Adam's moments as they are (galore-torch)
     m2             V ← max(V, M²) on the raw moments

@@ -129,6 +129,10 @@ def _needs_adamw(backend: str, projector_cls) -> str | None:
     return None if backend == "adamw" else f"it needs the adamw backend, not {backend!r}"
 
 
+def _needs_adam_moments(backend: str, projector_cls) -> str | None:
+    return None if backend in ("adamw", "adamw8bit") else f"it needs Adam's moments (adamw, adamw8bit), not {backend!r}"
+
+
 @dataclass(frozen=True)
 class Option:
     key: str
@@ -220,11 +224,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
            "at a refresh starts at Adam's step size", check_bool("row_bias_correction"), ("yes", 1, None),
            applies=_needs_adamw),
-    Option("v_floor", "none", "adamw: before each update of a low-rank weight raise the second moment to at least the "
+    Option("v_floor", "none", "adamw, adamw8bit: before each update of a low-rank weight raise the second moment to at least the "
            "square of the mean: 'm2' (V ← max(V, M²) on the raw moments: what PLUMAGE's mv_meansplit does to every row "
            "that stays at a draw; in effect a slow warm-up of the low-rank weights' step, by √(1 − β2^t)), "
            "'m2_corrected' (the same after bias correction: no normalized step above 1, no warm-up) or 'none' (Adam's)",
-           _check_choice("v_floor", V_FLOORS), ("max", None, True), choices=V_FLOORS, applies=_needs_adamw),
+           _check_choice("v_floor", V_FLOORS), ("max", None, True), choices=V_FLOORS, applies=_needs_adam_moments),
 )
 BY_KEY = {option.key: option for option in OPTIONS}
 

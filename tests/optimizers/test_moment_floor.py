@@ -11,8 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from galore_plumage import GaLoreAdamW, GaLoreAdamW8bit, PlumageAdamW
+from galore_plumage import GaLoreAdafactor, GaLoreAdamW, GaLoreAdamW8bit, PlumageAdamW
+from galore_plumage.optimizers import PlumageSGDM
 from galore_plumage.optimizers.adamw import AdamWBackend
+from galore_plumage.optimizers.adamw8bit import AdamW8bitBackend
 from galore_plumage.optimizers.moment_floor import floor_second_moment
 from galore_plumage.optimizers.realign import realign_dense
 
@@ -39,6 +41,23 @@ def test_on_a_steady_gradient_m2_warms_the_step_up_by_the_square_root_of_one_min
         expected = math.sqrt(1 - BETAS[1] ** t) * grad.sign()
         torch.testing.assert_close(floored[t - 1], expected, rtol=2e-3, atol=0)
         torch.testing.assert_close(corrected[t - 1], plain[t - 1], rtol=1e-9, atol=0)  # V̂ = M̂² already: no effect
+
+
+@pytest.mark.parametrize("min_8bit_size", [4096, 10**9], ids=["8-bit", "fp32 (small tensor)"])
+def test_8bit_adamw_warms_up_the_same_way(min_8bit_size):
+    """bitsandbytes' kernel on dequantized, floored and requantized V: the same √(1 − β2^t) within 8-bit rounding."""
+    grad = torch.linspace(0.1, 2.0, 64 * 96).view(64, 96) * torch.tensor([1.0, -1.0]).repeat(48)
+    group = {"lr": 1.0, "betas": BETAS, "eps": 1e-8, "weight_decay": 0.0, "min_8bit_size": min_8bit_size}
+    moves = {}
+    for floor in ("none", "m2"):
+        backend, state = AdamW8bitBackend(), {"step": 0}
+        for _ in range(300):
+            state["step"] += 1
+            update = backend.update(state, grad, {**group, "v_floor": floor}, None, rows=0)
+        moves[floor] = update.step_size * update.direction
+    ratio = (moves["m2"] / moves["none"]).flatten()
+    expected = math.sqrt(1 - BETAS[1] ** 300)
+    assert (ratio - expected).abs().max() < 0.03 * expected, (ratio.min(), ratio.max(), expected)
 
 
 def test_m2_is_meansplit_on_a_row_that_stays():
@@ -87,7 +106,7 @@ def _model():
     return nn.Linear(16, 12, bias=False)
 
 
-@pytest.mark.parametrize("cls", [GaLoreAdamW, PlumageAdamW])
+@pytest.mark.parametrize("cls", [GaLoreAdamW, GaLoreAdamW8bit, PlumageAdamW])
 def test_a_low_rank_group_trains_with_it_and_saves_it(cls):
     generator, weights = torch.Generator().manual_seed(3), []
     inputs = [torch.randn(8, 16, generator=generator) for _ in range(6)]
@@ -101,13 +120,15 @@ def test_a_low_rank_group_trains_with_it_and_saves_it(cls):
         assert optimizer.state_dict()["param_groups"][0]["v_floor"] == floor
         assert torch.isfinite(model.weight).all()
         weights.append(model.weight.detach().clone())
-    if cls is GaLoreAdamW:  # PLUMAGE's default realignment already floors every row at each draw
+    if cls is not PlumageAdamW:  # PLUMAGE's default realignment already floors every row at each draw
         assert not torch.equal(*weights)
 
 
 def test_refused_where_it_cannot_apply():
     model = _model()
-    with pytest.raises(ValueError, match=r"v_floor='m2' .*needs the adamw backend, not 'adamw8bit'"):
-        GaLoreAdamW8bit([{"params": [model.weight], "rank": 4, "v_floor": "m2"}])
+    for cls, backend, extra in ((GaLoreAdafactor, "adafactor", {"relative_step": False, "lr": 1e-3}), (PlumageSGDM, "sgdm", {})):
+        with pytest.raises(ValueError, match=rf"v_floor='m2' .*needs Adam's moments \(adamw, adamw8bit\), not '{backend}'"):
+            cls([{"params": [model.weight], "rank": 4, "v_floor": "m2"}], **extra)
+    GaLoreAdamW8bit([{"params": [model.weight], "rank": 4, "v_floor": "m2"}])  # 8-bit AdamW takes it
     with pytest.raises(ValueError, match=r"v_floor='m2_corrected' .*row_bias_correction=True .*drop one"):
         GaLoreAdamW([{"params": [model.weight], "rank": 4, "v_floor": "m2_corrected", "row_bias_correction": True}])
