@@ -43,10 +43,10 @@ class AdamWBackend(Backend):
     def update(self, state, grad, group, param, rows=None):
         beta1, beta2 = group["betas"]
         decay = group["lr"] * group["weight_decay"]
-        if rows is not None:  # a low-rank weight (the floor is a low-rank group's option)
+        floor = group.get("v_floor", "none")  # a group built by hand (not by an optimizer) may lack the key
+        if rows is not None and floor != "none":  # a low-rank weight (the floor is a low-rank group's option)
             # without bias correction the corrected bound is the raw one
-            floor = "m2" if group["v_floor"] == "m2_corrected" and not group["correct_bias"] else group["v_floor"]
-            floor_second_moment(state, floor, beta1, beta2)
+            floor_second_moment(state, "m2" if not group["correct_bias"] else floor, beta1, beta2)
         if group.get("row_bias_correction") and rows is not None and group["correct_bias"]:
             return Update(row_corrected_direction(state, grad, rows, beta1, beta2, group["eps"]), group["lr"], decay)
         direction = adam_direction(state, grad, beta1, beta2, group["eps"])

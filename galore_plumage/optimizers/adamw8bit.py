@@ -101,7 +101,7 @@ class AdamW8bitBackend(Backend):
         grad = grad.float().contiguous()
         if "state1" not in state:
             self._init(state, grad, group)
-        elif rows is not None and group["v_floor"] != "none":  # a low-rank weight's floor (moment_floor.py)
+        elif rows is not None and group.get("v_floor", "none") != "none":  # a low-rank weight's floor (moment_floor.py)
             self._floor(state, group)
         scratch = torch.zeros_like(grad)
         self._kernel(state, grad, scratch, group, weight_decay=0.0)
