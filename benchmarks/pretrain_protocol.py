@@ -373,6 +373,7 @@ def main() -> None:
              f"Command: `OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs 2 --arms {','.join(args.arms)} "
              f"--seeds {','.join(map(str, args.seeds))} --steps {args.steps} --rank {args.rank} "
              f"--update_proj_gap {args.update_proj_gap}"
+             + (" --sweep-only" if args.sweep_only else "")
              + (f" --eval_every {args.eval_every}" if args.eval_every != 50 else "")
              + (f" --runs {args.runs}" if args.runs != "runs/protocol" else "")
              + (f" --reference {args.reference}" if args.reference != REFERENCE else "")
