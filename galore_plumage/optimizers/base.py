@@ -262,8 +262,8 @@ class LowRankOptimizer(Optimizer):
         check_rule(group["realign"])
         where = f"low-rank group {index}: "
         check_options({o.key: group[o.key] for o in OPTIONS}, where=where)
-        # a row-bias correction, a floor on V or a residual switched on must fit this backend (the table's rule) and have one set of
-        # rows (plumage_*'s residual default is off where it cannot apply: residual_rule)
+        # a row-bias correction, a floor on V or a residual switched on must fit this backend (the table's rule) and
+        # have one set of rows (plumage_*'s residual default is off where it cannot apply: residual_rule)
         switched_on = {"row_bias_correction": group["row_bias_correction"], "v_floor": group["v_floor"] != "none",
                        "residual": residual_rule(group, spec.cls) != "none"}
         for key in (key for key, on in switched_on.items() if on):

@@ -7,7 +7,8 @@
 
 Why it exists: PLUMAGE's default realigns with LDAdam's mv_meansplit at every draw (every update), and on a row that
 stays in the basis that rule is exactly `m2`: the protocol traced all of the default's lead over GaLore's recipe to it
-(docs/results.md §3, session 15). As a group option any projector can have it, GaLore's svd included.
+(docs/results.md §3, session 15). As a group option any one-sided projection can have it, GaLore's svd included
+(a two-sided or Tucker one is refused: its moments have no rows to floor one by one).
 
 What `m2` does: the raw moments carry different bias (M ≈ (1 − β1^k) E[g], V ≈ (1 − β2^k) E[g²]), so on a
 coordinate whose gradient keeps its sign the floor holds V near E[g]², and Adam's bias-corrected step there becomes

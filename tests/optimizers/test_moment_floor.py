@@ -130,5 +130,7 @@ def test_refused_where_it_cannot_apply():
         with pytest.raises(ValueError, match=rf"v_floor='m2' .*needs Adam's moments \(adamw, adamw8bit\), not '{backend}'"):
             cls([{"params": [model.weight], "rank": 4, "v_floor": "m2"}], **extra)
     GaLoreAdamW8bit([{"params": [model.weight], "rank": 4, "v_floor": "m2"}])  # 8-bit AdamW takes it
+    with pytest.raises(ValueError, match=r"v_floor='m2' .*needs a one-sided projection"):
+        GaLoreAdamW([{"params": [model.weight], "rank": 4, "v_floor": "m2", "proj_type": "full"}])
     with pytest.raises(ValueError, match=r"v_floor='m2_corrected' .*row_bias_correction=True .*drop one"):
         GaLoreAdamW([{"params": [model.weight], "rank": 4, "v_floor": "m2_corrected", "row_bias_correction": True}])
