@@ -317,6 +317,11 @@ def fmt(value: float) -> str:
     return "diverged" if not math.isfinite(value) else f"{value:.4f}"
 
 
+def per_arm(value):
+    """An argparse type for 'LABEL=VALUE,LABEL=VALUE': {label: value(VALUE)}."""
+    return lambda text: {label: value(item) for label, item in (pair.split("=") for pair in text.split(","))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS), help="comma-separated arm labels")
@@ -336,12 +341,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (set OMP_NUM_THREADS so they share the CPU)")
     parser.add_argument("--sweep-only", action="store_true", help="stop after the lr sweep")
     parser.add_argument("--report-only", action="store_true", help="only redraw from finished runs")
-    parser.add_argument("--pin_lr", type=lambda s: dict((label, float(lr)) for label, lr in
-                                                        (item.split("=") for item in s.split(","))), default={},
+    parser.add_argument("--pin_lr", type=per_arm(float), default={},
                         help="LABEL=LR,...: run these arms at this lr only, no sweep (e.g. an optimizer's default lr, or "
                              "another horizon at the lr the protocol chose)")
-    parser.add_argument("--lr_grid", type=lambda s: dict((label, tuple(float(lr) for lr in lrs.split(":"))) for label, lrs in
-                                                         (item.split("=") for item in s.split(","))), default={},
+    parser.add_argument("--lr_grid", type=per_arm(lambda lrs: tuple(float(lr) for lr in lrs.split(":"))), default={},
                         help="LABEL=LR:LR:...,...: sweep these arms over these lrs instead of their grid (another horizon "
                              "or model, where the grid's best may have moved)")
     parser.add_argument("--reference", default=REFERENCE, help="the arm every other is paired against (GaLore's recipe "
@@ -374,8 +377,8 @@ def main() -> None:
              f"--seeds {','.join(map(str, args.seeds))} --steps {args.steps} --rank {args.rank} "
              f"--update_proj_gap {args.update_proj_gap}"
              + (" --sweep-only" if args.sweep_only else "")
-             + (f" --eval_every {args.eval_every}" if args.eval_every != 50 else "")
-             + (f" --runs {args.runs}" if args.runs != "runs/protocol" else "")
+             + (f" --eval_every {args.eval_every}" if args.eval_every != parser.get_default("eval_every") else "")
+             + (f" --runs {args.runs}" if args.runs != parser.get_default("runs") else "")
              + (f" --reference {args.reference}" if args.reference != REFERENCE else "")
              + (" --pin_lr " + ",".join(f"{k}={v:g}" for k, v in args.pin_lr.items()) if args.pin_lr else "")
              + (" --lr_grid " + ",".join(f"{k}=" + ":".join(f"{v:g}" for v in lrs) for k, lrs in args.lr_grid.items())

@@ -43,6 +43,14 @@ def dequantize(state: dict, which: int) -> torch.Tensor:
     )
 
 
+def dense_moments(state: dict) -> tuple[bool, torch.Tensor, torch.Tensor]:
+    """Whether the moments are 8-bit, and M and V as float32 tensors (dequantized copies, or the fp32 states
+    themselves for a tensor below min_8bit_size)."""
+    if state["state1"].dtype != torch.uint8:
+        return False, state["state1"], state["state2"]
+    return True, dequantize(state, 1), dequantize(state, 2)
+
+
 def quantize_into(state: dict, which: int, values: torch.Tensor) -> None:
     code = quantile_map(values.device, signed=which == 1)
     quantized, quant_state = _functional().quantize_blockwise(values.contiguous(), code=code, blocksize=BLOCKSIZE)
@@ -121,9 +129,8 @@ class AdamW8bitBackend(Backend):
     @staticmethod
     def _floor(state: dict, group: dict) -> None:
         """v_floor on the 8-bit moments: dequantize, raise V, requantize V (M is read only)."""
-        quantized = state["state1"].dtype == torch.uint8
-        moments = {"step": state["step"], "exp_avg": dequantize(state, 1) if quantized else state["state1"],
-                   "exp_avg_sq": dequantize(state, 2) if quantized else state["state2"]}
+        quantized, m, v = dense_moments(state)
+        moments = {"step": state["step"], "exp_avg": m, "exp_avg_sq": v}
         floor_second_moment(moments, group["v_floor"], *group["betas"])
         if quantized:
             quantize_into(state, 2, moments["exp_avg_sq"])
@@ -131,9 +138,7 @@ class AdamW8bitBackend(Backend):
     def realign(self, state, projector, rule):
         if "state1" not in state or rule == "none":
             return
-        quantized = state["state1"].dtype == torch.uint8
-        m = dequantize(state, 1) if quantized else state["state1"]
-        v = dequantize(state, 2) if quantized else state["state2"]
+        quantized, m, v = dense_moments(state)
         m, v = realign_dense(m, v, projector, rule)
         if quantized:
             quantize_into(state, 1, m)
