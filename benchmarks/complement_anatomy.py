@@ -20,11 +20,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from plumage_flags import plumage_flags  # noqa: E402 - benchmarks/ is on sys.path when this file runs
+from plumage_flags import plumage_flags, with_family_pins  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 from step_anatomy import parse_observed_args, train_observed  # noqa: E402
 
 DEFAULT = ["--optimizer", "plumage_adamw", "--galore_scale", "0.25", "--pool_bf16",
-           *plumage_flags(max_inv_p=1, resample_every=1, residual="norm_matched")]
+           *with_family_pins("plumage_adamw", plumage_flags(max_inv_p=1, resample_every=1, residual="norm_matched"))]
 ARMS = {  # label -> torchrun_main.py optimizer flags (every option named: the arms do not move with the defaults)
     "fira_limiter": [*DEFAULT, "--residual_limiter", "fira"],
     "steady_limiter": [*DEFAULT, "--residual_limiter", "steady"],

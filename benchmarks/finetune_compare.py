@@ -27,12 +27,16 @@ import statistics
 import sys
 from pathlib import Path
 
-from run_cache import run_or_reuse  # benchmarks/ is on sys.path when this file runs
+from plumage_flags import with_family_pins  # benchmarks/ is on sys.path when this file runs
+from run_cache import run_or_reuse
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = {  # label -> run_glue.py flags that make the arm
     "adamw": ["--optimizer", "adamw"],
     "galore": ["--optimizer", "galore_adamw"],
+    # GaLore with the floor V ← max(V, M²) before each low-rank update (session 16's option; the pretraining
+    # protocol's best setting at 600 and 2000 updates)
+    "galore vfloor": ["--optimizer", "galore_adamw", "--v_floor", "m2"],
     "flora": ["--optimizer", "flora_adamw"],
     # every PLUMAGE arm names its options in full, so that no arm moves when a default changes (a finished run is
     # reused by its command: an arm with no flags would silently stand for whichever default it ran under)
@@ -80,6 +84,9 @@ for _flags in METHODS.values():
     if "plumage_adamw" in _flags and "--realign" not in _flags:
         _at = _flags.index("--residual") + 2
         _flags[_at:_at] = ["--realign", "mv"]
+# ... and, like every PLUMAGE arm, PLUMAGE's projector without the floor (plumage_flags.FAMILY_PINS)
+METHODS = {label: with_family_pins("plumage_adamw", flags) if "plumage_adamw" in flags else flags
+           for label, flags in METHODS.items()}
 
 
 def parse_args(argv=None) -> argparse.Namespace:

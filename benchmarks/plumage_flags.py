@@ -20,3 +20,26 @@ def plumage_flags(**options) -> list[str]:
         else:
             flags += [f"--{key}", str(value)]
     return flags
+
+
+# What plumage_* used before session 17 made the Adam ones' default the top-r basis with the floor (projector svd,
+# v_floor m2): a benchmark names it on every plumage_* arm (with_family_pins), and a run recorded without these flags
+# ran with these values (run_cache reads this table to reuse it).
+FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none"}
+ADAM_BACKENDS = ("adamw", "adamw8bit")  # the backends v_floor applies to (the others refuse the flag)
+
+
+def family_pins(optimizer: str) -> list[str]:
+    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor ([] for other names)."""
+    if not optimizer.startswith("plumage_"):
+        return []
+    backend = optimizer.removeprefix("plumage_").removesuffix("_per_layer")
+    pins = ["--projector", FAMILY_PINS["--projector"]]
+    return pins + (["--v_floor", FAMILY_PINS["--v_floor"]] if backend in ADAM_BACKENDS else [])
+
+
+def with_family_pins(optimizer: str, flags: list[str]) -> list[str]:
+    """`flags` with family_pins appended for each pinned flag the arm does not name itself."""
+    pins = family_pins(optimizer)
+    extra = [item for flag, value in zip(pins[::2], pins[1::2], strict=True) if flag not in flags for item in (flag, value)]
+    return [*flags, *extra]

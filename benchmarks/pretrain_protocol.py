@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from plot_runs import load_run, plot_losses  # noqa: E402
-from plumage_flags import plumage_flags  # noqa: E402 - benchmarks/ is on sys.path when this file runs
+from plumage_flags import plumage_flags, with_family_pins  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
 LRS = (1e-3, 3e-3, 1e-2)
@@ -230,7 +230,7 @@ def command_for(optimizer: str, extra: list[str], seed: int, lr: float, args, sa
     rank = [] if "--rank" in extra else ["--rank", str(args.rank)]
     gap = [] if "--update_proj_gap" in extra else ["--update_proj_gap", str(args.update_proj_gap)]
     return [
-        sys.executable, str(ROOT / "torchrun_main.py"), "--optimizer", optimizer, *extra,
+        sys.executable, str(ROOT / "torchrun_main.py"), "--optimizer", optimizer, *with_family_pins(optimizer, extra),
         "--model_config", args.model_config, "--lr", str(lr),
         "--batch_size", str(args.batch_size), "--max_length", str(args.max_length),
         "--num_training_steps", str(args.steps), "--warmup_steps", str(max(1, args.steps // 10)),

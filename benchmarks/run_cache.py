@@ -8,6 +8,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from plumage_flags import FAMILY_PINS  # benchmarks/ is on sys.path when a benchmark runs
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -39,6 +41,23 @@ def run_or_reuse(command: list[str], out: Path, result: Callable[[Path], dict | 
 
 def _same_run(recorded: list[str], arguments: list[str], out: Path) -> bool:
     """The same script (by name) with the same arguments, `out` aside: the record lies in `out`, so its run wrote
-    there, whatever path it was reached by then (another copy of the repository names it under its own root)."""
+    there, whatever path it was reached by then (another copy of the repository names it under its own root).
+    A pin of plumage_*'s old defaults (plumage_flags.FAMILY_PINS) that the record lacks is what that run used."""
+    arguments = _without_pins_recorded_implicitly(recorded, arguments)
     return (len(recorded) == len(arguments) and Path(recorded[0]).name == Path(arguments[0]).name
             and all(old == new or new == str(out) for old, new in zip(recorded[1:], arguments[1:], strict=True)))
+
+
+def _without_pins_recorded_implicitly(recorded: list[str], arguments: list[str]) -> list[str]:
+    if not any(name.startswith("plumage_") for name in arguments):
+        return arguments
+    kept, index = [], 0
+    while index < len(arguments):
+        flag = arguments[index]
+        if (flag in FAMILY_PINS and flag not in recorded and index + 1 < len(arguments)
+                and arguments[index + 1] == FAMILY_PINS[flag]):
+            index += 2
+            continue
+        kept.append(flag)
+        index += 1
+    return kept

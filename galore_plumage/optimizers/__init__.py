@@ -36,10 +36,10 @@ BACKENDS: dict[str, type[Backend]] = {
 PLUMAGE_CLASSES: dict[str, type[LowRankOptimizer]] = {
     "adamw": PlumageAdamW, "adamw8bit": PlumageAdamW8bit, "adafactor": PlumageAdafactor, "sgdm": PlumageSGDM,
 }
-FAMILIES = {  # prefix -> (projector, realign, what it is)
+FAMILIES = {  # prefix -> (projector, realign, what it is); None: the backend's plumage_* class decides
     "": (None, "none", "full-rank"),
     "galore_": ("svd", "none", "GaLore: top-r SVD projection"),
-    "plumage_": ("plumage", None, "PLUMAGE: sampled unbiased projection, M and V realigned"),  # None: its class's
+    "plumage_": (None, None, "the library's recommended low-rank setting (PLUMAGE's projector unless its class says)"),
     "flora_": ("random", "m", "FLORA: Gaussian projection, momentum transferred"),
 }
 ALIASES = {"adam": "adamw", "adam8bit": "adamw8bit", "sgd": "sgdm"}
@@ -56,18 +56,21 @@ class OptimizerSpec:
     realign: str
     per_layer: bool
     description: str
+    family: str = ""  # the name's prefix without "_" ("", "galore", "plumage", "flora"): whose defaults it takes
 
 
 def _build_registry() -> dict[str, OptimizerSpec]:
     registry = {}
     for backend in BACKENDS:
-        for prefix, (projector, family_realign, what) in FAMILIES.items():
-            # plumage_*: the backend's class decides (the AdamW ones carry the mean and the variance apart)
+        for prefix, (family_projector, family_realign, what) in FAMILIES.items():
+            # plumage_*: the backend's class decides its projector and realignment
+            projector = family_projector if prefix != "plumage_" else PLUMAGE_CLASSES[backend].class_defaults["projector"]
             realign = family_realign or PLUMAGE_CLASSES[backend].class_defaults["realign"]
             for per_layer in (False, True):
                 name = f"{prefix}{backend}" + ("_per_layer" if per_layer else "")
                 description = f"{what}, {backend} moments" + (", per-layer steps" if per_layer else "")
-                registry[name] = OptimizerSpec(name, backend, projector, realign, per_layer, description)
+                registry[name] = OptimizerSpec(name, backend, projector, realign, per_layer, description,
+                                               prefix.rstrip("_"))
     for alias, target in ALIASES.items():
         spec = registry[target]
         registry[alias] = OptimizerSpec(alias, spec.backend, None, "none", False, f"alias of {target}")
@@ -96,26 +99,26 @@ def optimizer_class(backend: str) -> type[LowRankOptimizer]:
 
 
 DEFAULT_LR = 1e-3  # AdamW's published lr for GaLore's small Llamas; every optimizer without a measured one
-RECOMMENDED_LR: dict[tuple[str | None, str], float] = {
+RECOMMENDED_LR: dict[tuple[str, str], float] = {  # (family, backend) -> lr
     ("plumage", backend): cls.class_defaults["lr"] for backend, cls in PLUMAGE_CLASSES.items()
     if "lr" in cls.class_defaults
 }
 
 
 def recommended_lr(spec: OptimizerSpec) -> float:
-    return RECOMMENDED_LR.get((spec.projector, spec.backend), DEFAULT_LR)
+    return RECOMMENDED_LR.get((spec.family, spec.backend), DEFAULT_LR)
 
 
 def family_scale(spec: OptimizerSpec) -> float:
     """The projected-back scale of a name: GaLore's recipe 0.25 for galore_*, the class's for plumage_*."""
-    if spec.projector == "svd":
+    if spec.family == "galore":
         return 0.25
-    return PLUMAGE_CLASSES[spec.backend].class_defaults["scale"] if spec.projector == "plumage" else 1.0
+    return PLUMAGE_CLASSES[spec.backend].class_defaults["scale"] if spec.family == "plumage" else 1.0
 
 
 def family_defaults(spec: OptimizerSpec) -> dict:
     """The options of optimizers/options.py as the name's family sets them (plumage_*: its class's)."""
-    if spec.projector != "plumage":
+    if spec.family != "plumage":
         return option_defaults()
     return {key: PLUMAGE_CLASSES[spec.backend].class_defaults.get(key, value) for key, value in option_defaults().items()}
 
@@ -219,7 +222,7 @@ def build_optimizer(
             "scale": scale if scale is not None else family_scale(spec), "projector": projector,
             "realign": realign if realign is not None else spec.realign,
         })
-    lr = lr if lr is not None else RECOMMENDED_LR.get((spec.projector, spec.backend))
+    lr = lr if lr is not None else RECOMMENDED_LR.get((spec.family, spec.backend))
     if lr is not None:  # else the class's own (Adafactor's relative step takes none)
         options["lr"] = lr
         if spec.backend == "adafactor":  # a given lr replaces Adafactor's relative step, as transformers' docs advise

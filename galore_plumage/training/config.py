@@ -50,7 +50,7 @@ RESUME_MAY_CHANGE = frozenset({"save_dir", "continue_from", "overwrite", "stop_a
 
 
 def _recommended_lrs() -> str:
-    named = [f"{projector}_{backend}: {lr:g}" for (projector, backend), lr in RECOMMENDED_LR.items()]
+    named = [f"{family}_{backend}: {lr:g}" for (family, backend), lr in RECOMMENDED_LR.items()]
     return (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
 
 
