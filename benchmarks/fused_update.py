@@ -1,6 +1,6 @@
 """The fused low-rank update against the three passes it replaced: a by-hand A/B, not a test.
 
-The same optimizer (PlumageAdamW's default without the complement, solver "gram"; or GaLoreAdamW) steps one Llama
+The same optimizer (PlumageAdamW with PLUMAGE's draws without the complement, solver "gram"; or GaLoreAdamW) steps one Llama
 layer's seven weights with no refresh, once with Projector.add_back (W += α·P Z in one addmm) and once with add_back
 replaced by the previous update (full = project_back(Z), scaled; then W.add_(full)). Steps of the two alternate, so
 drift hits both alike; each figure is the median over the reps.
@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_time import SIZES, layer_shapes, random_tensors, step_once, time_interleaved  # noqa: E402 - on sys.path
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW  # noqa: E402
+from galore_plumage.optimizers import PLUMAGE_SAMPLED  # noqa: E402
 from galore_plumage.projectors import Projector  # noqa: E402
 
 
@@ -34,7 +35,9 @@ def build(cls, shapes, rank: int, fused: bool, grads):
     """One step of a fresh optimizer on `grads`, fused or not, as a function of no arguments."""
     params = [torch.nn.Parameter(t) for t in random_tensors(shapes, torch.device("cpu"), seed=0, scale=0.02)]
     # residual "none": the complement (PlumageAdamW's default since session 11) has no three-pass form to compare
-    group = {"params": params, "rank": rank, "update_proj_gap": 10**9, "solver": "gram", "residual": "none"}
+    # PLUMAGE's draws (PLUMAGE_SAMPLED) for PlumageAdamW: plumage_adamw's default is GaLore's basis since session 17
+    draws = PLUMAGE_SAMPLED if cls is PlumageAdamW else {}
+    group = {"params": params, "rank": rank, "update_proj_gap": 10**9, "solver": "gram", **draws, "residual": "none"}
     return partial(step, params, cls([group], lr=1e-3), fused, grads)
 
 

@@ -46,7 +46,9 @@ SIZES = {"60m": (128, 256), "130m": (256, 256), "350m": (256, 256), "1b": (512, 
 OPTIMIZERS = ("adamw", "adamw8bit", "galore_adamw", "galore_adamw8bit", "galore_adamw8bit_per_layer",
               "plumage_adamw", "plumage_adamw8bit", "plumage_adamw8bit_per_layer", "plumage_adafactor",
               "flora_adamw8bit_per_layer")
-PAPER_PLUMAGE = {"max_inv_p": None, "resample_every": 0}  # no pool: what the H100 figures ran (commit e088428)
+# PLUMAGE's projector without a pool: what the H100 figures ran (commit e088428)
+PAPER_PLUMAGE = {"projector": "plumage", "max_inv_p": None, "resample_every": 0}
+SAMPLED = {"projector": "plumage"}  # PLUMAGE's draws (its pool in bfloat16); plumage_adamw's default is svd since session 17
 
 
 @dataclass
@@ -200,11 +202,14 @@ def measured_peak(size: str, optimizer: str, vocab: int | None, batch: int, dtyp
     return peak
 
 
-ROWS = [(name, None) for name in OPTIMIZERS] + [("plumage_adamw8bit_per_layer", PAPER_PLUMAGE)]
+ROWS = ([(name, None) for name in OPTIMIZERS] + [("plumage_adamw", SAMPLED), ("plumage_adamw8bit_per_layer", SAMPLED),
+                                                  ("plumage_adamw8bit_per_layer", PAPER_PLUMAGE)])
 
 
 def label(optimizer: str, options: dict | None) -> str:
-    return optimizer + (" (κ = 0: no pool)" if options == PAPER_PLUMAGE else "")
+    if options is None:
+        return optimizer
+    return f"{optimizer} --projector plumage" + (" (κ = 0: no pool)" if options is PAPER_PLUMAGE else "")
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """What Fira's complement (residual="norm_matched") adds to a steady step: a by-hand A/B, not a test.
 
-GaLoreAdamW and PlumageAdamW (its default) step one Llama layer's seven weights with no refresh, each with
+GaLoreAdamW and PlumageAdamW (PLUMAGE's draws, PLUMAGE_SAMPLED) step one Llama layer's seven weights with no refresh, each with
 residual "none" and "norm_matched"; the four optimizers' steps alternate, so drift hits all alike; each figure is the
 median over the reps, and every ratio is against GaLoreAdamW without the complement in the same run.
 
@@ -20,13 +20,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_time import SIZES, layer_shapes, random_tensors, step_once, time_interleaved  # noqa: E402 - on sys.path
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW  # noqa: E402
+from galore_plumage.optimizers import PLUMAGE_SAMPLED  # noqa: E402
 
 RESIDUALS = ("none", "norm_matched")
 
 
 def build(cls, shapes, rank: int, residual: str):
     params = [torch.nn.Parameter(t) for t in random_tensors(shapes, torch.device("cpu"), seed=0, scale=0.02)]
-    group = {"params": params, "rank": rank, "update_proj_gap": 10**9, "residual": residual}
+    # PlumageAdamW with PLUMAGE's draws (plumage_adamw's default is GaLore's basis with v_floor since session 17)
+    draws = PLUMAGE_SAMPLED if cls is PlumageAdamW else {}
+    group = {"params": params, "rank": rank, "update_proj_gap": 10**9, **draws, "residual": residual}
     return params, cls([group], lr=1e-3)
 
 

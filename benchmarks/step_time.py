@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 import galore_plumage
-from galore_plumage.optimizers import optimizer_class, optimizer_spec
+from galore_plumage.optimizers import PLUMAGE_SAMPLED, optimizer_class, optimizer_spec
 from galore_plumage.optimizers.memory import state_bytes
 from galore_plumage.optimizers.options import option_defaults
 
@@ -132,8 +132,10 @@ def ours_build(backend: str, projector: str, solver: str | None, default: bool =
     """Our optimizer with `projector`; default=True: with the plumage_* defaults (κ = 1: a draw from the pool of 2r
     vectors, moments realigned, before every step), otherwise the generic defaults (κ = 0: the paper's estimator)."""
     extra = {"projector": projector, "realign": REALIGN[projector]} | ({"solver": solver} if solver else {})
-    if default:  # the plumage_<backend> name's options and realignment (mv_meansplit for the Adam backends)
-        extra = option_defaults("plumage") | extra | {"realign": optimizer_spec(f"plumage_{backend}").realign}
+    if default:  # PLUMAGE's draws as the plumage_* family sets them (for Adam: PLUMAGE_SAMPLED, its realignment)
+        spec = optimizer_spec(f"plumage_{backend}")
+        realign = spec.realign if spec.projector == "plumage" else PLUMAGE_SAMPLED["realign"]
+        extra = option_defaults("plumage") | extra | {"realign": realign}
 
     def build(params, rank, gap):
         groups = low_rank_group(params, rank, gap, SCALE[projector], **extra)

@@ -20,7 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {
     "adamw": ["--lr", "1e-3"],
     "galore_adamw": ["--lr", "1e-2", "--galore_scale", "0.25"],
-    "plumage_adamw": ["--lr", "1e-3", "--galore_scale", "1.0", "--sampled_step", "adaptive", "--resample_every", "0"],
+    # the paper's estimator by its flags (plumage_adamw's own default is GaLore's basis with v_floor since session 17)
+    "plumage_adamw": ["--lr", "1e-3", "--galore_scale", "1.0", "--projector", "plumage", "--sampled_step", "adaptive",
+                      "--max_inv_p", "none", "--resample_every", "0", "--residual", "none", "--realign", "mv",
+                      "--v_floor", "none"],
 }
 
 

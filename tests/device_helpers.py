@@ -14,11 +14,13 @@ where rounding cannot change the result by more than it does in a CPU run pertur
   (the small second moments are the sampled rows'). The CPU reference therefore runs with bitsandbytes'
   quantizer swapped for the nearest-code rounding CUDA does (cuda_rounding_on_cpu); what is left is a state
   element moving to the neighbouring code when rounding puts it near a midpoint.
-- PLUMAGE's default stores its pool in bfloat16 (pool_bf16): a rounding-level change of a gradient moves a stored
-  vector entry across a bfloat16 rounding boundary now and then, and that moves these updates by up to 1.2 %, as much
-  as a 1 % lr error (measured on the CPU with the perturbations of test_device_tolerance.py). The default is
-  therefore compared with its pool in float32, the same computation but for that cast (the cast itself is checked
-  on the CPU: tests/projectors/test_resample.py, a bfloat16 pool draws the same vectors).
+- PLUMAGE's projector (PLUMAGE_SAMPLED, the plumage_adamw default of sessions 14-16) stores its pool in bfloat16
+  (pool_bf16): a rounding-level change of a gradient moves a stored vector entry across a bfloat16 rounding boundary
+  now and then, and that moves these updates by up to 1.2 %, as much as a 1 % lr error (measured on the CPU with the
+  perturbations of test_device_tolerance.py). It is therefore compared with its pool in float32, the same
+  computation but for that cast (the cast itself is checked on the CPU: tests/projectors/test_resample.py, a
+  bfloat16 pool draws the same vectors).
+- plumage_adamw's default since session 17 is GaLore's basis with v_floor: compared as GaLore is, with aligned signs.
 """
 
 from __future__ import annotations
@@ -28,22 +30,25 @@ import contextlib
 import torch
 
 from galore_plumage import GaLoreAdamW, GaLoreAdamW8bit, PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit
+from galore_plumage.optimizers import PLUMAGE_SAMPLED
 
 SHAPE, RANK, GAP = (256, 128), 32, 3
 FP32_RTOL = 1e-3  # CPU: a 1e-5 relative perturbation of every gradient moves these updates by at most 4e-4
 EIGHT_BIT_RTOL = 5e-3  # CPU, nearest-code rounding: a 1e-5 perturbation moves these updates by at most 2e-3
 
-DEFAULT = {"pool_bf16": False}  # PLUMAGE's default, its pool in float32 (see above)
+SAMPLED = {**PLUMAGE_SAMPLED, "pool_bf16": False}  # PLUMAGE's draws, the pool in float32 (see above)
+DEFAULT = {"pool_bf16": False}  # PlumageAdafactor's default (PLUMAGE's projector), its pool in float32
 FP32_CASES = [  # (class, group options, updates): what both devices compute the same way
-    (PlumageAdamW, DEFAULT, 6),
-    (PlumageAdamW, {"max_inv_p": None, "resample_every": 0}, 6),  # the paper's estimator
+    (PlumageAdamW, SAMPLED, 6),
+    (PlumageAdamW, {**SAMPLED, "max_inv_p": None, "resample_every": 0}, 6),  # the paper's 1/p
+    (PlumageAdamW, {"align_signs": True}, 6),  # the default: GaLore's basis with the floor
     (PlumageAdafactor, DEFAULT, 6),
     (GaLoreAdamW, {"align_signs": True}, 6),
     (GaLoreAdamW, {}, GAP),  # galore-torch's bases: one interval, before any moment crosses a refresh
 ]
 EIGHT_BIT_CASES = [  # (8-bit class, its fp32 twin, group options)
-    (PlumageAdamW8bit, PlumageAdamW, DEFAULT),
-    (PlumageAdamW8bit, PlumageAdamW, {"max_inv_p": None, "resample_every": 0}),
+    (PlumageAdamW8bit, PlumageAdamW, SAMPLED),
+    (PlumageAdamW8bit, PlumageAdamW, {**SAMPLED, "max_inv_p": None, "resample_every": 0}),
     (GaLoreAdamW8bit, GaLoreAdamW, {"align_signs": True}),
 ]
 

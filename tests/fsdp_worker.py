@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from galore_plumage.optimizers import build_optimizer
+from galore_plumage.optimizers import PLUMAGE_SAMPLED, build_optimizer
 from galore_plumage.training.fsdp import load_optimizer, save_optimizer
 
 STEPS, SAVE_AT, GAP, RANK, BATCH = 7, 4, 3, 8, 64
@@ -30,18 +30,23 @@ STEPS, SAVE_AT, GAP, RANK, BATCH = 7, 4, 3, 8, 64
 # stored in bfloat16 (PLUMAGE's default) would now and then turn into a bfloat16 rounding step (tests/device_helpers.py
 # says more); they keep the pool in float32. The float64 plumage_adamw run keeps the default bfloat16 pool.
 FP32_POOL = {"pool_bf16": False}
+# PLUMAGE's projector with its draws (PLUMAGE_SAMPLED: the plumage_adamw default of sessions 14-16) on the Adam arms;
+# plumage_adamw's own default (GaLore's basis with v_floor) runs as "plumage_adamw_default"
 OPTIONS = {
     "galore_adamw": {"lr": 1e-2, "weight_decay": 0.01},
-    "plumage_adamw": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0},
+    "plumage_adamw": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0, **PLUMAGE_SAMPLED},
+    "plumage_adamw_default": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0},
     # 300: the uneven 37 x 8 low-rank state stays fp32, the 64 x 8 one (32 x 8 = one 256-block per rank) is 8-bit
-    "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 300, "scale": 1.0, **FP32_POOL},
+    "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 300, "scale": 1.0, **PLUMAGE_SAMPLED,
+                          **FP32_POOL},
     "plumage_adamw8bit_fp32": {  # the same backend with every state kept fp32 (bitsandbytes' 32-bit kernel)
-       "lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 10**9, "scale": 1.0, **FP32_POOL},
+       "lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 10**9, "scale": 1.0, **PLUMAGE_SAMPLED, **FP32_POOL},
     "plumage_adafactor": {"lr": 1e-2, "weight_decay": 0.01, "relative_step": False, "scale_parameter": True,
                           "beta1": 0.9, **FP32_POOL},
     "flora_adamw": {"lr": 1e-2, "weight_decay": 0.01},
     # Fira's complement on row shards (projected on the right): φ per row is local, the limiter's norm is summed
-    "plumage_adamw_residual": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0, "residual": "norm_matched"},
+    "plumage_adamw_residual": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0, **PLUMAGE_SAMPLED,
+                               "residual": "norm_matched"},
 }
 
 
@@ -88,7 +93,7 @@ def build(name: str, wide: bool, sharded: bool, proj_type: str):
     # float64: the reference takes the same eigh-of-Gram route; float32: torch.linalg.svd, whose rounding-level
     # singular values stay at ε·σ₁ (the sharded route zeroes them: spectrum.eigh_gram's noise floor)
     solver = "gram" if dtype == torch.float64 else "svd"
-    optimizer = build_optimizer(name.removesuffix("_fp32").removesuffix("_residual"), model, rank=RANK,
+    optimizer = build_optimizer(name.removesuffix("_fp32").removesuffix("_residual").removesuffix("_default"), model, rank=RANK,
                                 update_proj_gap=GAP, proj_type=proj_type, solver=solver, **OPTIONS[name])
     return model, optimizer
 
@@ -205,7 +210,7 @@ def _refusal(**options) -> str:
     model = Tiny().double()
     fully_shard(model)
     try:
-        build_optimizer("plumage_adamw", model, rank=RANK, **options)
+        build_optimizer("plumage_adamw", model, rank=RANK, **{"projector": "plumage", "v_floor": "none", **options})
     except ValueError as error:
         return str(error)
     return ""
@@ -217,7 +222,8 @@ def run_degenerate(rank: int, world: int) -> dict:
     model = nn.Sequential(nn.Linear(24, 37, bias=False))
     model.double()
     fully_shard(model)
-    optimizer = build_optimizer("plumage_adamw", model, rank=RANK, update_proj_gap=1, target_modules=("0",))
+    optimizer = build_optimizer("plumage_adamw", model, rank=RANK, update_proj_gap=1, target_modules=("0",),
+                                **PLUMAGE_SAMPLED)
     weight = model[0].weight
     low = torch.randn(37, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
     grad = low @ torch.randn(2, 24, dtype=torch.float64, generator=torch.Generator().manual_seed(6))

@@ -57,7 +57,8 @@ class FinetuneConfig:
     galore_scale: float = flag(1.0, "scale of the projected-back update (GaLore's run_glue default)")
     proj_type: str = flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
     lora_all_modules: bool = flag(False, "target every attention and MLP linear weight, not only the query")
-    projector: str = flag(None, "override the optimizer's projector", choices=list_projectors())
+    projector: str = flag(None, "override the optimizer's projector (plumage_adamw(8bit): svd since session 17, the "
+                                "pretraining protocol's best; 'plumage' for PLUMAGE's draws)", choices=list_projectors())
     realign: str = flag(None, REALIGN_FLAG_HELP, choices=RULES)
     # --- LoRA baseline
     peft: str = flag("none", "'lora': train LoRA adapters (peft) on the target modules instead", choices=PEFT_METHODS)

@@ -2,7 +2,9 @@
 
 Names, for each backend b in adamw, adamw8bit, adafactor, sgdm:
     b            full-rank (no projection)           galore_b   svd projector, no realignment
-    plumage_b    plumage projector, realign the class's (mv_meansplit: adamw, adamw8bit; mv: adafactor; m: sgdm)
+    plumage_b    the library's recommended setting, its class's: for adamw and adamw8bit since session 17 the svd
+                 projector with v_floor "m2" (the protocol's best), for adafactor the plumage projector with realign
+                 mv, for sgdm the plumage projector (the paper's estimator) with realign m
     flora_b      random projector, realign m
 and `<name>_per_layer` for each (weights step inside their gradient hooks). galore-torch's names keep
 working: adam, adam8bit, adafactor, sgd, galore_adamw, galore_adamw8bit, galore_adafactor,
@@ -20,7 +22,7 @@ from ..projectors import projector_spec
 from .adafactor import AdafactorBackend, GaLoreAdafactor, PlumageAdafactor
 from .adamw import AdamWBackend, GaLoreAdamW, PlumageAdamW
 from .adamw8bit import AdamW8bitBackend, GaLoreAdamW8bit, PlumageAdamW8bit
-from .base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
+from .base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, PLUMAGE_SAMPLED, Backend, LowRankOptimizer, Update
 from .layerwise import LayerwiseOptimizer
 from .options import BY_KEY, OPTIONS, check_options, option_defaults
 from .realign import RULES
@@ -44,8 +46,9 @@ FAMILIES = {  # prefix -> (projector, realign, what it is); None: the backend's 
 }
 ALIASES = {"adam": "adamw", "adam8bit": "adamw8bit", "sgd": "sgdm"}
 # the --realign flag of torchrun_main.py and run_glue.py, with what each name does when it is not given
-REALIGN_FLAG_HELP = ("override the optimizer's moment realignment at refreshes and draws (its own: none for galore_*, "
-                     "m for flora_* and plumage_sgdm, mv_meansplit for plumage_adamw(8bit), mv for plumage_adafactor)")
+REALIGN_FLAG_HELP = ("override the optimizer's moment realignment at refreshes and draws (its own: none for galore_* and "
+                     "plumage_adamw(8bit), m for flora_* and plumage_sgdm, mv for plumage_adafactor; PLUMAGE's draws "
+                     "on Adam train best with mv_meansplit)")
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,7 @@ __all__ = [
     "DEFAULT_LR",
     "LOW_RANK_DEFAULTS",
     "PLUMAGE_DEFAULTS",
+    "PLUMAGE_SAMPLED",
     "RECOMMENDED_LR",
     "REALIGN_FLAG_HELP",
     "RULES",

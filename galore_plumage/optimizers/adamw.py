@@ -106,19 +106,17 @@ class GaLoreAdamW(LowRankOptimizer):
 
 
 class PlumageAdamW(LowRankOptimizer):
-    """AdamW on PLUMAGE's sampled projection, moments realigned at every refresh and every draw (the mean and the
-    variance carried apart, realign="mv_meansplit", LDAdam's rule; the paper's is "mv").
+    """The library's recommended low-rank AdamW: the setting the fair protocols chose (docs/results.md §3).
 
-    Defaults: the setting the fair protocols chose (docs/results.md §3): the r directions are drawn anew before
-    every update from the refresh's top 2r singular vectors (pool_factor=2) with PLUMAGE's min-variance probabilities
-    (resample_every=1), every drawn row takes Adam's step with no 1/p rescaling (max_inv_p=1: biased, GaLore's
-    step size on a randomly completed basis), the gradient outside the basis moved at Adam's step size per column
-    (residual="norm_matched", Fira's complement, at a quarter of Fira's step, residual_scale=0.25, with the limiter not
-    reset by a refresh, residual_limiter="steady", and no column moved further than half the basis's step on it,
-    residual_cap=0.5, and only on the first 10 updates after each refresh, residual_horizon=10), GaLore's recipe
-    scale=0.25 and lr=7e-3 (the best on llama_tiny).
-    The paper's exact estimator: max_inv_p=None, resample_every=0, residual="none", realign="mv" (its documented
-    setting also has scale=1.0 and lr=1e-3)."""
+    Defaults since session 17: GaLore's top-r basis (projector="svd", moments kept at a refresh, realign="none") with
+    the floor V ← max(V, M²) before each low-rank update (v_floor="m2": in effect a slow warm-up, by √(1 − β2^t), of
+    the low-rank weights' step), GaLore's recipe scale=0.25 and lr=1e-2, no complement. On llama_tiny it is ahead of
+    GaLore's recipe and of PLUMAGE's draws at 600 and at 2000 updates.
+    PLUMAGE's draws, the default of sessions 14-16 and the best PLUMAGE-projector setting measured: **PLUMAGE_SAMPLED
+    (projector="plumage", realign="mv_meansplit", residual="norm_matched", v_floor="none"; with the family's
+    resample_every=1, max_inv_p=1, pool_bf16=True and the complement's residual_* settings).
+    The paper's exact estimator: projector="plumage", max_inv_p=None, resample_every=0, residual="none",
+    realign="mv", v_floor="none" (its documented setting also has scale=1.0 and lr=1e-3)."""
 
     backend = AdamWBackend()
     class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAM_RECIPE}

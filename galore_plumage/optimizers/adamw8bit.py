@@ -154,7 +154,8 @@ class GaLoreAdamW8bit(LowRankOptimizer):
 
 
 class PlumageAdamW8bit(LowRankOptimizer):
-    """8-bit AdamW on PLUMAGE's projection; moments dequantized, realigned and requantized at refreshes."""
+    """8-bit AdamW with PlumageAdamW's defaults (GaLore's basis with v_floor, the floor applied to the dequantized
+    moments); with projector="plumage", PLUMAGE's draws, the moments dequantized, realigned and requantized at each."""
 
     backend = AdamW8bitBackend()
     class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAM_RECIPE}

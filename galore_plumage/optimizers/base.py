@@ -46,11 +46,19 @@ LOW_RANK_DEFAULTS: dict[str, Any] = {  # galore-torch's keys, then ours (the opt
 }
 PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "scale": 1.0,
                                     **option_defaults("plumage")}
-# PLUMAGE with Adam moments (AdamW, 8-bit AdamW) at the setting the fair protocol chose: GaLore's recipe (scale 0.25
-# on the projected update, one lr on every group) at its best lr (7e-3 since session 14), and the moments' mean and
-# variance carried apart (LDAdam's mv_meansplit: V ← (B M)² + (B∘B) max(V − M², 0)) at every refresh and draw instead
-# of the paper's mv (session 14, llama_tiny: +0.03 at τ = 40 and 200; benchmarks/pretrain_protocol.py, docs/results.md §3)
-PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"lr": 7e-3, "scale": 0.25, "realign": "mv_meansplit"}
+# plumage_adamw(8bit) at the setting the fair protocol chose in session 17 (docs/results.md §3): GaLore's top-r basis
+# with the floor V ← max(V, M²) before each low-rank update (v_floor, in effect a slow warm-up of the low-rank step),
+# moments kept at a refresh as GaLore keeps them, no complement, GaLore's recipe (scale 0.25, one lr on every group).
+# Ahead of GaLore's recipe and of the PLUMAGE-projector default it replaced (PLUMAGE_SAMPLED) at 600 and 2000 updates.
+PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"projector": "svd", "lr": 1e-2, "scale": 0.25, "realign": "none",
+                                       **option_defaults("plumage", adam=True)}  # v_floor "m2", residual "none"
+# The default of sessions 14-16, the best PLUMAGE-projector setting measured: PLUMAGE's draws before every update (the
+# plumage_* option defaults: κ = 1, 1/p capped at 1, the pool in bfloat16), the moments' mean and variance carried
+# apart at every draw (LDAdam's mv_meansplit), Fira's complement on the first 10 updates after a refresh (the
+# residual_* defaults), no floor of its own (mv_meansplit floors every row that stays). PlumageAdamW(groups,
+# **PLUMAGE_SAMPLED) or the flags --projector plumage --realign mv_meansplit --residual norm_matched --v_floor none.
+PLUMAGE_SAMPLED: dict[str, Any] = {"projector": "plumage", "realign": "mv_meansplit", "residual": "norm_matched",
+                                   "v_floor": "none"}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:
@@ -213,6 +221,9 @@ def check_betas(betas) -> None:
             raise ValueError(f"Invalid beta parameter at index {index}: {beta} - should be in [0.0, 1.0)")
 
 
+OFF = {"row_bias_correction": False, "v_floor": "none", "residual": "none"}  # each switch's value that turns it off
+
+
 class LowRankOptimizer(Optimizer):
     """A torch Optimizer whose groups with a `rank` key are trained through a low-rank projector.
 
@@ -270,7 +281,8 @@ class LowRankOptimizer(Optimizer):
             check_options({key: group[key]}, backend.name, spec.cls, where)
             if spec.tensors or group["proj_type"] == "full":
                 raise ValueError(f"{key}={group[key]!r} (low-rank group {index}) needs a one-sided projection; got "
-                                 f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop {key}")
+                                 f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop {key}, or set "
+                                 f"{key}={OFF[key]!r} where it is the optimizer's default")
         # the projector validates rank, gap, scale, proj_type, and tau_max against the gap
         build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):

@@ -12,6 +12,9 @@ galore-torch's own keys (rank, update_proj_gap, scale, proj_type) are not here: 
 `plumage` is what plumage_* uses instead, where the pretraining protocol chose another (benchmarks/pretrain_protocol.py).
 Those choices fix what Adam-style normalization before D⁻¹ does to the paper's step (docs/results.md §3); a backend that
 does not normalize (SGD momentum) keeps the paper's estimator: option_defaults("plumage", normalizes=False).
+`plumage_adam` is what plumage_adamw and plumage_adamw8bit use where it differs again: since session 17 their default
+is GaLore's top-r basis with v_floor (base.PLUMAGE_ADAM_RECIPE), and the PLUMAGE-only keys keep `plumage` for a run
+that names projector="plumage".
 """
 
 from __future__ import annotations
@@ -103,15 +106,19 @@ def parse_cap(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number >= 1 or 'none', got {text!r}") from None
 
 
+# plumage_adamw(8bit)'s default projector is svd since session 17: a PLUMAGE option names the projector that takes it
+_NAME_PLUMAGE = "; name projector 'plumage' (--projector plumage) for PLUMAGE's draws, or drop it"
+
+
 def _needs_rescaling(backend: str, projector_cls) -> str | None:
     if not projector_cls.rescales:
-        return f"it caps PLUMAGE's 1/p rescaling, but projector {projector_cls.name!r} does not rescale"
+        return f"it caps PLUMAGE's 1/p rescaling, but projector {projector_cls.name!r} does not rescale{_NAME_PLUMAGE}"
     return None
 
 
 def _needs_sampling(backend: str, projector_cls) -> str | None:
     if not projector_cls.rescales:
-        return f"it draws PLUMAGE's sample again, but projector {projector_cls.name!r} does not sample"
+        return f"it draws PLUMAGE's sample again, but projector {projector_cls.name!r} does not sample{_NAME_PLUMAGE}"
     return None
 
 
@@ -141,6 +148,7 @@ class Option:
     check: Callable[[Any], None]  # raises ValueError naming the value
     bad_values: tuple  # values `check` refuses: the table's test iterates them
     plumage: Any = SAME  # plumage_*'s default where it differs, for backends that normalize (Adam, Adafactor)
+    plumage_adam: Any = SAME  # plumage_adamw(8bit)'s default where it differs from `plumage`
     to_projector: bool = False  # a build_projector argument
     parse: Callable[[str], Any] | None = None  # the flag's argparse type (bools get --key / --no-key)
     choices: tuple | None = None
@@ -149,10 +157,15 @@ class Option:
     def plumage_default(self) -> Any:
         return self.default if self.plumage is SAME else self.plumage
 
+    def plumage_adam_default(self) -> Any:
+        return self.plumage_default() if self.plumage_adam is SAME else self.plumage_adam
+
     def flag_help(self) -> str:
         defaults = f"default {self.default!r}"
-        if self.plumage is not SAME:
-            defaults += f", {self.plumage!r} for plumage_* but plumage_sgdm"
+        for names, value in (("plumage_adamw(8bit)", self.plumage_adam_default()),
+                             ("plumage_adafactor", self.plumage_default())):
+            if value != self.default:
+                defaults += f", {value!r} for {names}"
         return f"{self.help} ({defaults})"
 
     def argparse_options(self) -> dict:
@@ -197,8 +210,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("residual", "none", "how the gradient outside the basis moves the weight: 'none' (GaLore, the paper: "
            "dropped) or 'norm_matched' (Fira, arXiv 2410.01623: G − P R moves at the step size Adam gives each column "
            "inside the basis, with Fira's norm-growth limiter; `scale` does not multiply it; needs the full gradient "
-           "at every step)", _check_choice("residual", RESIDUALS), ("fira", None, 1), plumage=PLUMAGE_RESIDUAL, choices=RESIDUALS,
-           applies=_needs_orthonormal_basis),
+           "at every step)", _check_choice("residual", RESIDUALS), ("fira", None, 1), plumage=PLUMAGE_RESIDUAL,
+           plumage_adam="none", choices=RESIDUALS, applies=_needs_orthonormal_basis),
     Option("residual_limiter", "fira", "with residual='norm_matched': where the norm-growth limiter takes its reference: "
            "'fira' (every step) or 'steady' (not on a refresh step, whose basis was fitted to that gradient and leaves "
            "the complement near zero, which as the reference holds it near zero for hundreds of steps)",
@@ -228,15 +241,19 @@ OPTIONS: tuple[Option, ...] = (
            "square of the mean: 'm2' (V ← max(V, M²) on the raw moments: what PLUMAGE's mv_meansplit does to every row "
            "that stays at a draw; in effect a slow warm-up of the low-rank weights' step, by √(1 − β2^t)), "
            "'m2_corrected' (the same after bias correction: no normalized step above 1, no warm-up) or 'none' (Adam's)",
-           _check_choice("v_floor", V_FLOORS), ("max", None, True), choices=V_FLOORS, applies=_needs_adam_moments),
+           _check_choice("v_floor", V_FLOORS), ("max", None, True), plumage_adam="m2", choices=V_FLOORS,
+           applies=_needs_adam_moments),
 )
 BY_KEY = {option.key: option for option in OPTIONS}
 
 
-def option_defaults(family: str = "", normalizes: bool = True) -> dict[str, Any]:
+def option_defaults(family: str = "", normalizes: bool = True, adam: bool = False) -> dict[str, Any]:
     """Every option's default for one family ('' = every low-rank family but plumage_*); `normalizes`: whether the
-    backend normalizes each coordinate before D⁻¹ (False: plumage_* keeps the paper's estimator)."""
-    return {o.key: (o.plumage_default() if family == "plumage" and normalizes else o.default) for o in OPTIONS}
+    backend normalizes each coordinate before D⁻¹ (False: plumage_* keeps the paper's estimator); `adam`: plumage_*
+    on Adam's moments (adamw, adamw8bit), whose recipe differs again."""
+    if family != "plumage" or not normalizes:
+        return {o.key: o.default for o in OPTIONS}
+    return {o.key: o.plumage_adam_default() if adam else o.plumage_default() for o in OPTIONS}
 
 
 def projector_keys() -> tuple[str, ...]:
@@ -254,6 +271,6 @@ def check_options(options: dict[str, Any], backend: str | None = None, projector
             option.check(value)
             reason = option.applies(backend, projector_cls) if option.applies and projector_cls else None
             if reason:
-                raise ValueError(f"{key}={value!r} does not apply here: {reason}; drop it")
+                raise ValueError(f"{key}={value!r} does not apply here: {reason}" + ("" if "drop it" in reason else "; drop it"))
         except ValueError as error:
             raise ValueError(f"{where}{error}") from None

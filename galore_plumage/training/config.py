@@ -113,7 +113,8 @@ class TrainConfig:
                                       f"as GaLore's recipe, {PlumageAdamW.class_defaults['scale']:g} for "
                                       "plumage_adamw, 1.0 otherwise)")
     proj_type: str = flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
-    projector: str = flag(None, "override the optimizer's projector", choices=list_projectors())
+    projector: str = flag(None, "override the optimizer's projector (plumage_adamw(8bit): svd since session 17, the "
+                                "pretraining protocol's best; 'plumage' for PLUMAGE's draws)", choices=list_projectors())
     realign: str = flag(None, REALIGN_FLAG_HELP, choices=RULES)
     # --- evaluation, checkpoints, logging
     eval_every: int = flag(5_000, "evaluate every this many updates (and at the end)")

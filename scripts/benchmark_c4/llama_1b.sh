@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# LLaMA-1B (configs/llama_1b.json) pretrained on C4 with PLUMAGE-AdamW.
+# LLaMA-1B (configs/llama_1b.json) pretrained on C4 with plumage_adamw.
 # Reproduces the 1B run of GaLore's C4 benchmark: same model, data, tokenizer, 512 sequences x 256 tokens
 # per update, 100000 update steps, projection refreshed every 200 steps. Rank 512 is the GaLore paper's
-# rank for 1B (GaLore's script passes 1024). What differs is the projector (PLUMAGE, moments realigned
-# with "mv") and its recommended lr 1e-2 / scale 0.25 (the script's defaults for plumage_adamw) (GaLore: SVD, lr 1e-2, scale 0.25).
+# rank for 1B (GaLore's script passes 1024). What differs is the the optimizer: plumage_adamw's defaults (since session 17 GaLore's SVD basis with v_floor m2, V ← max(V, M²)
+# before each low-rank update; --projector plumage for PLUMAGE's draws), lr 1e-2 / scale 0.25 (GaLore: SVD, lr 1e-2,
+# scale 0.25).
 # Hardware assumed: 8 GPUs with 80 GB each, one node (GaLore used 8 A100). Batch 16 per GPU -> 4 accumulation steps.
 # Set the GPU count with NPROC=<n> (512 must be a multiple of batch_size x NPROC). Flags appended to the
 # command line override the ones below (argparse keeps the last). The optimizer name picks

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# LLaMA-60M (configs/llama_60m.json) pretrained on C4 with PLUMAGE-AdamW.
+# LLaMA-60M (configs/llama_60m.json) pretrained on C4 with plumage_adamw.
 # Reproduces the 60M run of GaLore's C4 benchmark: same model, data, tokenizer, 512 sequences x 256 tokens
 # per update, 10000 update steps, rank 128, projection refreshed every 200 steps. What differs is the
-# projector (PLUMAGE, moments realigned with "mv") and its recommended lr 1e-2 / scale 0.25 (the script's defaults for plumage_adamw) (GaLore: SVD, lr 1e-2, scale 0.25).
+# the optimizer: plumage_adamw's defaults (since session 17 GaLore's SVD basis with v_floor m2, V ← max(V, M²)
+# before each low-rank update; --projector plumage for PLUMAGE's draws), lr 1e-2 / scale 0.25 (GaLore: SVD, lr 1e-2,
+# scale 0.25).
 # Hardware assumed: 1 GPU with 80 GB (GaLore used 1 A100). Batch 256 per GPU -> 2 accumulation steps.
 # Set the GPU count with NPROC=<n> (512 must be a multiple of batch_size x NPROC). Flags appended to the
 # command line override the ones below (argparse keeps the last). The optimizer name picks

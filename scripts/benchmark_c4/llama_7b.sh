@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# LLaMA-7B (configs/llama_7b.json) pretrained on C4 with PLUMAGE-AdamW.
+# LLaMA-7B (configs/llama_7b.json) pretrained on C4 with plumage_adamw.
 # Reproduces the 7B run of GaLore's C4 benchmark: same model, data, tokenizer, 512 sequences x 256 tokens
-# per update, 150000 update steps, rank 1024. What differs is the projector (PLUMAGE, moments realigned
-# with "mv"), its recommended lr 1e-2 / scale 0.25 (the script's defaults for plumage_adamw), refresh every 200 steps and no gradient clipping (GaLore's 7B: SVD,
+# per update, 150000 update steps, rank 1024. What differs is the optimizer
+# (plumage_adamw's defaults: since session 17 GaLore's SVD basis with v_floor m2; --projector plumage for PLUMAGE's
+# draws), its recommended lr 1e-2 / scale 0.25, refresh every 200 steps and no gradient clipping (GaLore's 7B: SVD,
 # lr 5e-3, scale 0.25, refresh every 500 steps, --grad_clipping 1.0; append those flags to match it).
 # Hardware assumed: 8 GPUs with 80 GB each, one node. Batch 8 per GPU -> 8 accumulation steps.
 # GaLore ran 8 nodes x 8 A100 (no accumulation); --standalone is one node only, so for several nodes run

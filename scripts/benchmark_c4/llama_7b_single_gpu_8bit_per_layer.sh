@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# LLaMA-7B (configs/llama_7b.json) pretrained on C4 on ONE GPU: 8-bit PLUMAGE-AdamW with per-layer updates
+# LLaMA-7B (configs/llama_7b.json) pretrained on C4 on ONE GPU: 8-bit plumage_adamw with per-layer updates
 # (each weight steps inside its gradient hook, so full-size gradients never accumulate) and activation
 # checkpointing. Reproduces GaLore's single-GPU 7B recipe (8-bit GaLore-Adam per layer, batch 16 per step,
-# 512 sequences x 256 tokens per update, 150000 update steps, rank 1024) with the PLUMAGE projector at GaLore's
+# 512 sequences x 256 tokens per update, 150000 update steps, rank 1024) with plumage_adamw8bit's defaults at GaLore's
 # lr 5e-3 and scale 0.25, refresh every 200 steps (GaLore: SVD, lr 5e-3, scale 0.25, refresh every 500).
-# PLUMAGE's defaults: a draw before every update from a pool of the top 2r singular vectors, stored in bfloat16
-# (pool_bf16, the default since session 10), so the state is GaLore's plus r values of 1/p and 2r of p and order per
-# weight (before session 10 the pool was float32, 3.5 GiB more, and this script passed --resample_every 0 to fit).
+# Since session 17 those defaults are GaLore's SVD basis with v_floor m2 (V ← max(V, M²) before each low-rank update),
+# so the state is exactly GaLore's. With --projector plumage (PLUMAGE's draws, the default of sessions 14-16) a draw
+# before every update comes from a pool of the top 2r singular vectors, stored in bfloat16 (pool_bf16), so the state
+# is GaLore's plus r values of 1/p and 2r of p and order per weight (a float32 pool would need 3.5 GiB more).
 # Expected peak (benchmarks/peak_memory.py, docs/memory.md; counted on a CPU, not measured on a GPU): 22.6 GiB at
 # batch 16 (weights 12.55, 8-bit state 7.07, the largest gradient 0.24, checkpointed activations 2.33, the largest
 # refresh SVD 0.40). GaLore reports 22.8 GB for its version on an RTX 4090. Batch 16 -> 32 accumulation steps.
-# --residual none: the default's complement (Fira's, since session 11) reads each weight's full gradient at its
+# --residual none (the default since session 17; kept for --projector plumage): Fira's complement reads each weight's full gradient at its
 # update, so under accumulation per-layer mode would keep all 13.5 GB of bf16 gradients; without it the micro-batch
 # gradients are projected and summed in the low-rank space, and freed at once.
 # No gradient clipping: per-layer updates step before a global gradient norm exists, so clipping is

@@ -36,7 +36,8 @@ def test_the_shapes_are_the_models_parameters():
 
 @pytest.mark.parametrize("name, options", [("adamw", ()), ("adamw8bit", ()), ("galore_adamw", ()),
                                            ("plumage_adamw", ()), ("plumage_adamw8bit_per_layer", ()),
-                                           ("plumage_adamw", (("resample_every", 0),))])
+                                           ("plumage_adamw", (("projector", "plumage"),)),
+                                           ("plumage_adamw", (("projector", "plumage"), ("resample_every", 0)))])
 def test_state_per_shape_sums_to_the_real_optimizers_state(name, options):
     model = _model()
     optimizer = build_optimizer(name, model, rank=RANK, target_modules=("attn", "mlp"), **dict(options))

@@ -64,10 +64,12 @@ def test_learns_a_separable_task(assets, tmp_path):
 
     24 updates at lr 1e-2. At 3e-3 neither full AdamW nor GaLore leaves the coin-flip loss in 24 updates (measured
     0.68); only the paper's PLUMAGE did, on its 1/p-amplified steps, so that lr tested the estimator, not the wiring.
-    The realignment is the paper's (mv): the default's mv_meansplit, applied at every draw, holds a coordinate with a
-    steady gradient to Adam's bias-correction ratio √(1 − β2^t) / (1 − β1^t), 0.15 at t = 10, in the first updates
-    (accuracy 0.53 here; docs/results.md §3, session 14), which would test that, not the wiring."""
-    config = parse_config(_argv(assets, tmp_path / "learn", "--optimizer", "plumage_adamw", "--realign", "mv",
+    PLUMAGE's projector with the paper's realignment (mv) and no floor: the floor (v_floor m2, the default since
+    session 17, and what mv_meansplit does at every draw) holds a coordinate with a steady gradient to Adam's
+    bias-correction ratio √(1 − β2^t) / (1 − β1^t), 0.15 at t = 10, in the first updates (accuracy 0.53 here;
+    docs/results.md §3, session 14), which would test that warm-up, not the wiring."""
+    config = parse_config(_argv(assets, tmp_path / "learn", "--optimizer", "plumage_adamw", "--projector", "plumage",
+                                "--realign", "mv", "--v_floor", "none",
                                 "--lora_all_modules",
                                 "--lora_r", "4", "--learning_rate", "1e-2", "--num_train_epochs", "4",
                                 "--max_train_samples", "192", "--per_device_train_batch_size", "32",

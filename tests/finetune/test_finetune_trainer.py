@@ -96,7 +96,8 @@ class StepCounter(transformers.TrainerCallback):
 
 def _train(bert_dir, args, name, resume=None):
     model = _model(bert_dir)
-    optimizers = optimizer_for_trainer(model, args, name, rank=4, update_proj_gap=3, seed=0)
+    # PLUMAGE's projector: its seeded draws and pool must come back from the checkpoint too
+    optimizers = optimizer_for_trainer(model, args, name, rank=4, update_proj_gap=3, seed=0, projector="plumage")
     counter = StepCounter()
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_dataset(), optimizers=optimizers,
                                    callbacks=[counter])

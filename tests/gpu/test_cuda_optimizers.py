@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from galore_plumage.optimizers import PLUMAGE_SAMPLED
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from device_helpers import (  # noqa: E402
     EIGHT_BIT_CASES,
@@ -59,10 +61,12 @@ def test_bf16_weights_keep_fp32_low_rank_state(cls, group, steps):
         assert state["state1"].dtype in (torch.uint8, torch.float32)
 
 
-@pytest.mark.parametrize("options", [{}, {"residual": "norm_matched"}], ids=["default", "residual"])
+@pytest.mark.parametrize("options", [{}, PLUMAGE_SAMPLED, {**PLUMAGE_SAMPLED, "residual_horizon": None}],
+                         ids=["default", "sampled", "sampled, complement every update"])
 def test_a_steady_step_of_the_default_does_not_synchronise_with_the_host(options):
-    """Issue 15: between refreshes, PlumageAdamW's step (a draw from the pool before every update) queues its work
-    without waiting on the GPU: torch's sync debug mode raises on any synchronising call."""
+    """Issue 15: between refreshes, PlumageAdamW's step queues its work without waiting on the GPU: torch's sync debug
+    mode raises on any synchronising call. The default (GaLore's basis, v_floor) and PLUMAGE's draws (a draw from the
+    pool before every update, PLUMAGE_SAMPLED), with the complement on every update too."""
     from galore_plumage import PlumageAdamW
 
     weight = torch.nn.Parameter(torch.randn(96, 64, device="cuda"))
@@ -77,4 +81,5 @@ def test_a_steady_step_of_the_default_does_not_synchronise_with_the_host(options
             optimizer.step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert optimizer._projectors[weight].stats["resamples"] >= 3
+    if options:
+        assert optimizer._projectors[weight].stats["resamples"] >= 3

@@ -38,9 +38,11 @@ def _run(corpus, save_dir, *extra):
     return [json.loads(line) for line in (save_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("optimizer", ["plumage_adamw", "galore_adamw8bit", "plumage_adamw8bit_per_layer"])
+# "plumage_adamw --projector plumage": PLUMAGE's draws (plumage_adamw's default is GaLore's basis with v_floor)
+@pytest.mark.parametrize("optimizer", ["plumage_adamw", "plumage_adamw --projector plumage", "galore_adamw8bit",
+                                       "plumage_adamw8bit_per_layer"])
 def test_bf16_run_trains_on_cuda(corpus, tmp_path, optimizer):
-    records = _run(corpus, tmp_path / "run", "--optimizer", optimizer)
+    records = _run(corpus, tmp_path / "run", "--optimizer", *optimizer.split())
     losses = [r["loss"] for r in records if r["type"] == "train"]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
     summary = records[-1]
@@ -48,16 +50,19 @@ def test_bf16_run_trains_on_cuda(corpus, tmp_path, optimizer):
     assert (tmp_path / "run" / "model_6" / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("optimizer", ["plumage_adamw", "galore_adamw", "plumage_adamw8bit", "plumage_adafactor"])
+@pytest.mark.parametrize("optimizer", ["plumage_adamw", "plumage_adamw --projector plumage", "galore_adamw",
+                                       "plumage_adamw8bit", "plumage_adafactor"])
 def test_fsdp_run_trains_on_cuda(corpus, tmp_path, optimizer):
-    records = _run(corpus, tmp_path / "run", "--fsdp", "--optimizer", optimizer)
+    records = _run(corpus, tmp_path / "run", "--fsdp", "--optimizer", *optimizer.split())
     losses = [r["loss"] for r in records if r["type"] == "train"]
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
     assert (tmp_path / "run" / "model_6" / "dcp").is_dir()
 
 
+@pytest.mark.parametrize("projector", [[], ["--projector", "plumage"]], ids=["default", "plumage"])
 @pytest.mark.parametrize("extra", [[], ["--fsdp"]], ids=["ddp", "fsdp"])
-def test_resume_on_cuda_matches_uninterrupted_run(corpus, tmp_path, extra):
+def test_resume_on_cuda_matches_uninterrupted_run(corpus, tmp_path, extra, projector):
+    extra = [*extra, *projector]
     full = _run(corpus, tmp_path / "full", "--optimizer", "plumage_adamw", *extra)
     _run(corpus, tmp_path / "half", "--optimizer", "plumage_adamw", "--stop_at", "3", *extra)
     resumed = _run(corpus, tmp_path / "half", "--optimizer", "plumage_adamw", "--continue_from", str(tmp_path / "half"),

@@ -137,13 +137,17 @@ def test_projector_override():
     default = next(g for g in build_optimizer("galore_adamw", _model(), rank=4).param_groups if "rank" in g)
     assert (default["projector"], default["realign"], default["scale"]) == ("svd", "none", 0.25)
     plumage = next(g for g in build_optimizer("plumage_adamw", _model(), rank=4).param_groups if "rank" in g)
-    # the fair protocols' choice for Adam moments: GaLore's recipe, Adam's step on every drawn row with no 1/p
-    # rescaling, the rows drawn anew before every update, Fira's complement, the moments' mean and variance carried
-    # apart (LDAdam's realignment; the paper's is mv)
-    assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("plumage", "mv_meansplit", 0.25)
-    assert (plumage["lr"], plumage["sampled_step"], plumage["max_inv_p"], plumage["resample_every"]) == (
-        7e-3, "adaptive", 1.0, 1)
-    assert plumage["residual"] == "norm_matched" and plumage["pool_bf16"] is True
+    # the fair protocols' choice for Adam moments since session 17: GaLore's recipe on GaLore's top-r basis, with the
+    # floor V ← max(V, M²) before each low-rank update, no complement, moments kept at a refresh
+    assert (plumage["projector"], plumage["realign"], plumage["scale"]) == ("svd", "none", 0.25)
+    assert (plumage["lr"], plumage["v_floor"], plumage["residual"]) == (1e-2, "m2", "none")
+    # PLUMAGE's projector by name takes the family's sampling defaults: Adam's step on every drawn row with no 1/p
+    # rescaling, the rows drawn anew before every update from a bfloat16 pool
+    drawn = next(g for g in build_optimizer("plumage_adamw", _model(), rank=4, projector="plumage").param_groups
+                 if "rank" in g)
+    assert (drawn["projector"], drawn["sampled_step"], drawn["max_inv_p"], drawn["resample_every"]) == (
+        "plumage", "adaptive", 1.0, 1)
+    assert drawn["pool_bf16"] is True
     sgdm = next(g for g in build_optimizer("plumage_sgdm", _model(), rank=4).param_groups if "rank" in g)
     # no normalization to amplify: the paper's step
     assert (sgdm["scale"], sgdm["sampled_step"], sgdm["max_inv_p"], sgdm["resample_every"]) == (1.0, "adaptive", None, 0)
@@ -192,7 +196,7 @@ def test_the_callers_groups_are_left_as_given():
     assert groups == given  # no key filled in, none changed
     plumage = PlumageAdamW(groups)
     low_rank = next(g for g in plumage.param_groups if "rank" in g)
-    assert (low_rank["projector"], low_rank["lr"], low_rank["scale"]) == ("plumage", 7e-3, 0.25)
+    assert (low_rank["projector"], low_rank["lr"], low_rank["scale"], low_rank["v_floor"]) == ("svd", 1e-2, 0.25, "m2")
     assert low_rank["params"] == weights and groups == given
 
 

@@ -29,7 +29,8 @@ def _run(cls, realign="mv", residual="none"):
     params = weights + [regular]
     start = [p.detach().clone() for p in params]
     optimizer = cls(
-        [{"params": [regular]}, {"params": weights, "rank": RANK, "update_proj_gap": GAP, "realign": realign}],
+        [{"params": [regular]}, {"params": weights, "rank": RANK, "update_proj_gap": GAP, "realign": realign,
+                                 "projector": "plumage", "v_floor": "none"}],  # PLUMAGE's draws, no floor
         lr=1e-2, eps=1e-8, weight_decay=0.1, scale=1.0,
         sampled_step="adaptive",  # the paper's step, where this tolerance was derived; the 1/p-amplified sampled
         # rows dominate the displacement, so the quantization error is a small share of it

@@ -25,6 +25,7 @@ RANK = 8
 TOLERANCE = {
     "galore_adamw": 1e-9,  # float64; measured 3e-16
     "plumage_adamw": 1e-8,  # float64, PLUMAGE sampling over all directions; measured 3e-11
+    "plumage_adamw_default": 1e-9,  # float64, GaLore's basis with v_floor (the default since session 17)
     "plumage_adamw_residual": 1e-8,  # float64, with Fira's complement (residual="norm_matched")
     "plumage_adamw8bit_fp32": 1e-5,  # float32, bitsandbytes' 32-bit kernel; measured 5e-7
     "plumage_adafactor": 1e-5,  # float32, factored moments summed over ranks; measured 6e-8
@@ -73,7 +74,9 @@ def test_moment_state_divides_by_rows(results, name):
     reference = result["reference_state_bytes"]
     replicated = RANK * 4 if "adafactor" in name else 0
     # the complement's limiter (plumage_*'s default since session 11): one norm in the low-rank dtype, on every rank
-    replicated += 0 if not name.startswith("plumage") else 8 if name in ("plumage_adamw", "plumage_adamw_residual") else 4
+    # (the default since session 17 has none)
+    replicated += (0 if not name.startswith("plumage") or name == "plumage_adamw_default"
+                   else 8 if name in ("plumage_adamw", "plumage_adamw_residual") else 4)
     for weight, rows in ROWS.items():
         shares = [len(chunk) for chunk in torch.arange(rows).chunk(WORLD)]
         for rank, share in enumerate(shares):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from galore_plumage import GaLoreAdafactor, GaLoreAdamW, GaLoreAdamW8bit, PlumageAdamW
-from galore_plumage.optimizers import PlumageSGDM
+from galore_plumage.optimizers import PLUMAGE_SAMPLED, PlumageSGDM
 from galore_plumage.optimizers.adamw import AdamWBackend
 from galore_plumage.optimizers.adamw8bit import AdamW8bitBackend
 from galore_plumage.optimizers.moment_floor import floor_second_moment
@@ -106,13 +106,14 @@ def _model():
     return nn.Linear(16, 12, bias=False)
 
 
-@pytest.mark.parametrize("cls", [GaLoreAdamW, GaLoreAdamW8bit, PlumageAdamW])
-def test_a_low_rank_group_trains_with_it_and_saves_it(cls):
+@pytest.mark.parametrize("cls, keys", [(GaLoreAdamW, {}), (GaLoreAdamW8bit, {}), (PlumageAdamW, {}),
+                                       (PlumageAdamW, PLUMAGE_SAMPLED)], ids=["galore", "galore8bit", "plumage", "sampled"])
+def test_a_low_rank_group_trains_with_it_and_saves_it(cls, keys):
     generator, weights = torch.Generator().manual_seed(3), []
     inputs = [torch.randn(8, 16, generator=generator) for _ in range(6)]
     for floor in ("none", "m2"):
         model = _model()
-        optimizer = cls([{"params": [model.weight], "rank": 4, "update_proj_gap": 3, "v_floor": floor}], lr=1e-2)
+        optimizer = cls([{"params": [model.weight], "rank": 4, "update_proj_gap": 3, **keys, "v_floor": floor}], lr=1e-2)
         for x in inputs:
             optimizer.zero_grad()
             model(x).square().mean().backward()
@@ -120,7 +121,9 @@ def test_a_low_rank_group_trains_with_it_and_saves_it(cls):
         assert optimizer.state_dict()["param_groups"][0]["v_floor"] == floor
         assert torch.isfinite(model.weight).all()
         weights.append(model.weight.detach().clone())
-    if cls is not PlumageAdamW:  # PLUMAGE's default realignment already floors every row at each draw
+    if keys:  # PLUMAGE's draws with mv_meansplit already floor every row at each draw: the option adds nothing
+        assert torch.equal(*weights)
+    else:
         assert not torch.equal(*weights)
 
 

@@ -17,7 +17,7 @@ from galore_plumage import (
     PlumageAdamW8bit,
     build_optimizer,
 )
-from galore_plumage.optimizers import PlumageSGDM
+from galore_plumage.optimizers import PLUMAGE_SAMPLED, PlumageSGDM
 
 
 def _weight(*shape):
@@ -128,7 +128,11 @@ def test_bad_low_rank_keys_are_named():
     with pytest.raises(ValueError, match="proj_type='diagonal'"):
         GaLoreAdamW(_low_rank(_weight(8, 6), proj_type="diagonal"))
     with pytest.raises(ValueError, match="proj_type='full'"):  # PLUMAGE samples one side only
+        PlumageAdamW(_low_rank(_weight(8, 6), projector="plumage", v_floor="none", proj_type="full"))
+    # the default's floor needs rows to floor: a two-sided basis is refused, naming the key and how to turn it off
+    with pytest.raises(ValueError, match="v_floor='m2'.*needs a one-sided projection.*v_floor='none'"):
         PlumageAdamW(_low_rank(_weight(8, 6), proj_type="full"))
+    PlumageAdamW(_low_rank(_weight(8, 6), proj_type="full", v_floor="none"))  # GaLore's two-sided basis, no floor
     with pytest.raises(ValueError, match="update_proj_gap must be an integer >= 1, got 0"):
         PlumageAdamW(_low_rank(_weight(8, 6), update_proj_gap=0))
 
@@ -149,11 +153,12 @@ def test_rank_above_min_dimension_is_clamped_with_a_warning():
 
 BACKENDS = [
     (PlumageAdamW, {"lr": 1e-2, "weight_decay": 0.1}),
+    (PlumageAdamW, {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED}),  # PLUMAGE's draws
     (PlumageAdamW8bit, {"lr": 1e-2, "weight_decay": 0.1, "min_8bit_size": 16}),
     (PlumageAdafactor, {"lr": 1e-2, "relative_step": False, "beta1": 0.9, "weight_decay": 0.1}),
     (PlumageSGDM, {"lr": 1e-2, "weight_decay": 0.1}),
 ]
-IDS = [cls.__name__ for cls, _ in BACKENDS]
+IDS = [cls.__name__ + ("-sampled" if "projector" in options else "") for cls, options in BACKENDS]
 
 
 def _tensors(state):

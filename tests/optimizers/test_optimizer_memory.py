@@ -35,20 +35,24 @@ def test_ours_and_galore_torch_hold_the_same_tensor_bytes():
 
 
 def test_a_bfloat16_pool_costs_what_galores_basis_costs():
-    """PLUMAGE's default keeps a pool of 2r float32 vectors (the basis a view of it) where GaLore keeps r; stored in
-    bfloat16 (pool_bf16) the pool takes GaLore's basis bytes. Beyond it: the pool's p (float64) and order (int64),
-    2r each, the drawn 1/p (r float32), and the complement's limiter (one float32 norm)."""
+    """PLUMAGE's draws (PLUMAGE_SAMPLED) keep a pool of 2r float32 vectors (the basis a view of it) where GaLore keeps
+    r; stored in bfloat16 (pool_bf16) the pool takes GaLore's basis bytes. Beyond it: the pool's p (float64) and order
+    (int64), 2r each, the drawn 1/p (r float32), and the complement's limiter (one float32 norm). plumage_adamw's
+    default since session 17 (GaLore's basis, v_floor) holds exactly GaLore's state."""
     from galore_plumage import PlumageAdamW
+    from galore_plumage.optimizers import PLUMAGE_SAMPLED
 
     torch.manual_seed(0)
     weight = torch.randn(12, 6, requires_grad=True)  # std: right side, vectors of length 6, moments 12 × r
     rank, galore = 2, _one_step(GaLoreAdamW, weight.detach().clone().requires_grad_())
     sizes = {}
     for bf16 in (False, True):
-        optimizer = PlumageAdamW([{"params": [weight], "rank": rank, "update_proj_gap": 5, "pool_bf16": bf16}])
+        optimizer = PlumageAdamW([{"params": [weight], "rank": rank, "update_proj_gap": 5, **PLUMAGE_SAMPLED,
+                                   "pool_bf16": bf16}])
         weight.grad = torch.randn_like(weight)
         optimizer.step()
         sizes[bf16] = state_bytes(dict(optimizer.state))[0]
     bookkeeping = 2 * rank * (8 + 8) + rank * 4 + 4
     assert sizes[True] == galore[0] + bookkeeping
     assert sizes[False] == galore[0] + bookkeeping + 6 * rank * 4  # r more float32 vectors than GaLore
+    assert _one_step(PlumageAdamW, weight.detach().clone().requires_grad_()) == galore

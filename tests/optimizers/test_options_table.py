@@ -13,7 +13,7 @@ from torch import nn
 from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
 from galore_plumage.finetune.config import build_parser as finetune_parser
 from galore_plumage.finetune.config import parse_config as parse_finetune_config
-from galore_plumage.optimizers.base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, projector_options
+from galore_plumage.optimizers.base import LOW_RANK_DEFAULTS, PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, projector_options
 from galore_plumage.optimizers.options import OPTIONS, SAME
 from galore_plumage.training.config import build_parser, parse_config
 from galore_plumage.training.loop import optimizer_options
@@ -37,7 +37,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "refresh_ema": (["--refresh_ema", "0.9"], 0.9),
     "residual_cap": (["--residual_cap", "1"], 1.0),
     "residual_horizon": (["--residual_horizon", "20"], 20),
-    "v_floor": (["--v_floor", "m2"], "m2"),
+    "v_floor": (["--v_floor", "m2_corrected"], "m2_corrected"),  # not m2: plumage_adamw's default
 }
 
 
@@ -57,7 +57,8 @@ def test_defaults_come_from_the_table_and_pass_their_own_check(option):
     if option.plumage is not SAME:
         assert PLUMAGE_DEFAULTS[option.key] == option.plumage
         option.check(option.plumage)
-    assert PlumageAdamW.class_defaults.get(option.key, option.default) == option.plumage_default()
+    assert PlumageAdamW.class_defaults[option.key] == PLUMAGE_ADAM_RECIPE[option.key] == option.plumage_adam_default()
+    option.check(option.plumage_adam_default())
     assert option.key not in GaLoreAdamW.class_defaults
 
 
@@ -96,14 +97,15 @@ def test_both_command_lines_have_the_flag_with_the_tables_help(parser, option):
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.key)
 def test_the_flag_reaches_the_optimizer_from_both_scripts(option):
+    """On PLUMAGE's projector (--projector plumage), where every option of the table applies."""
     argv, value = GOOD[option.key]
-    config = parse_config(["--optimizer", "plumage_adamw", *argv])
+    config = parse_config(["--optimizer", "plumage_adamw", "--projector", "plumage", *argv])
     assert config.low_rank == {option.key: value}
     assert optimizer_options(config)[option.key] == value
-    finetune = parse_finetune_config(["--optimizer", "plumage_adamw", *argv])
+    finetune = parse_finetune_config(["--optimizer", "plumage_adamw", "--projector", "plumage", *argv])
     assert finetune.low_rank == {option.key: value}
     optimizer = build_optimizer("plumage_adamw", nn.Sequential(nn.Linear(10, 8)), rank=2, target_modules=("",),
-                                **config.low_rank)
+                                projector="plumage", **config.low_rank)
     (group,) = [g for g in optimizer.param_groups if "rank" in g]
     assert group[option.key] == value
     if option.to_projector:
@@ -111,9 +113,9 @@ def test_the_flag_reaches_the_optimizer_from_both_scripts(option):
 
 
 def test_no_cap_on_the_command_line_is_inf_and_the_projector_reads_it_as_none():
-    config = parse_config(["--max_inv_p", "none"])
+    config = parse_config(["--projector", "plumage", "--max_inv_p", "none"])
     assert config.low_rank == {"max_inv_p": math.inf}
-    optimizer = PlumageAdamW([{"params": [_weight()], "rank": 2}], **config.low_rank)
+    optimizer = PlumageAdamW([{"params": [_weight()], "rank": 2, "projector": "plumage"}], **config.low_rank)
     (param,) = optimizer.param_groups[0]["params"]
     param.grad = torch.randn(param.shape)
     optimizer.step()

@@ -68,9 +68,12 @@ def _model(dtype=torch.float32):
     return Tiny().to(dtype)
 
 
+# PLUMAGE's projector with the draws of the default of sessions 14-16 (its complement off, as above)
+DRAWS = {"projector": "plumage", "realign": "mv_meansplit", "v_floor": "none"}
 CASES = [(*pair, dtype, {}) for pair in PAIRS for dtype in PRECISIONS] + [
-    (*PAIRS[0], torch.float64, {"sampled_step": "norm_matched", "max_inv_p": None}),
-    (*PAIRS[0], torch.float32, {"max_inv_p": None, "resample_every": 0})]  # the paper's estimator
+    (*PAIRS[0], torch.float64, DRAWS),
+    (*PAIRS[0], torch.float64, {**DRAWS, "sampled_step": "norm_matched", "max_inv_p": None}),
+    (*PAIRS[0], torch.float32, {**DRAWS, "max_inv_p": None, "resample_every": 0})]  # the paper's 1/p
 
 
 @pytest.mark.parametrize("normal_name,per_layer_name,dtype,extra", CASES,

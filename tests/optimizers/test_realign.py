@@ -201,14 +201,14 @@ def _carried_v(projector, m, v, rule):
     return projector.transport(m).square() + projector.transport((v - m.square()).clamp(min=0), squared=True)
 
 
-@pytest.mark.parametrize("rule", ["mv", "mv_meansplit"])  # the paper's; PlumageAdamW's default since session 14
+@pytest.mark.parametrize("rule", ["mv", "mv_meansplit"])  # the paper's; LDAdam's (PLUMAGE's draws train best with it)
 def test_optimizer_realigns_at_a_refresh(rule):
     """Through PlumageAdamW: at the refresh step M ← β₁·B M + (1−β₁) R, V ← β₂·V' + (1−β₂) R², V' as the rule carries V."""
     generator = torch.Generator().manual_seed(6)
     weight = torch.nn.Parameter(torch.randn(24, 16, generator=generator))
     # no draws between refreshes (they realign too: tests/projectors/test_resample.py), so the refresh's is the last transition
-    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 3, "realign": rule}], lr=1e-2,
-                             betas=(0.9, 0.99), resample_every=0)
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 3, "realign": rule,
+                               "projector": "plumage", "v_floor": "none"}], lr=1e-2, betas=(0.9, 0.99), resample_every=0)
     group = optimizer.param_groups[0]
     for _ in range(3):
         weight.grad = torch.randn(24, 16, generator=generator)

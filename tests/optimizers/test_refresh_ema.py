@@ -17,9 +17,9 @@ def _gradients(count: int) -> list[torch.Tensor]:
     return [torch.randn(8, 12, generator=generator, dtype=torch.float64) for _ in range(count)]
 
 
-def _run(optimizer_cls, factor: float, gradients: list[torch.Tensor]):
+def _run(optimizer_cls, factor: float, gradients: list[torch.Tensor], **keys):
     weight = torch.nn.Parameter(torch.zeros(8, 12, dtype=torch.float64))
-    optimizer = optimizer_cls([{"params": [weight], "rank": RANK, "update_proj_gap": GAP, "refresh_ema": factor}],
+    optimizer = optimizer_cls([{"params": [weight], "rank": RANK, "update_proj_gap": GAP, "refresh_ema": factor, **keys}],
                               lr=1e-3)
     for grad in gradients:
         weight.grad = grad.clone()
@@ -53,7 +53,7 @@ def test_the_second_refresh_fits_the_running_average_of_every_gradient_so_far(fa
 
 def test_plumage_draws_its_pool_from_the_average_too():
     gradients = _gradients(GAP + 1)
-    optimizer, weight = _run(PlumageAdamW, 0.5, gradients)
+    optimizer, weight = _run(PlumageAdamW, 0.5, gradients, projector="plumage")
     projector = optimizer._projectors[weight]
     average = gradients[0]
     for grad in gradients[1:]:

@@ -16,6 +16,7 @@ from accumulation_helpers import assert_same_weights, train_alike
 from torch import nn
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
+from galore_plumage.optimizers import PLUMAGE_SAMPLED
 from galore_plumage.optimizers.limiter import GROWTH_LIMIT
 from galore_plumage.optimizers.residual import complement_weights
 from galore_plumage.projectors import build_projector
@@ -159,7 +160,8 @@ def test_fira_limiter_holds_the_complement_near_zero_after_a_refresh_and_steady_
     assert steady[4] > 0.5 * steady[2]  # steady's is still update 3's
 
 
-@pytest.mark.parametrize("cls,extra", [(GaLoreAdamW, {}), (PlumageAdamW, {"max_inv_p": None, "resample_every": 0}),
+@pytest.mark.parametrize("cls,extra", [(GaLoreAdamW, {}), (PlumageAdamW, {"projector": "plumage", "max_inv_p": None,
+                                                                          "resample_every": 0}),
                                        (GaLoreAdamW, {"residual_scale": 0.3})],
                          ids=["galore", "plumage-paper", "galore-residual_scale"])
 def test_one_step_is_adams_step_in_the_basis_plus_the_scaled_complement(cls, extra):
@@ -235,7 +237,7 @@ def _tiny_twins() -> list[Tiny]:
 def test_per_layer_accumulation_with_the_complement_equals_normal_mode():
     accumulation, updates = 3, 5
     models = _tiny_twins()
-    options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 2, "residual": "norm_matched"}
+    options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 2, **PLUMAGE_SAMPLED, "residual": "norm_matched"}
     normal = build_optimizer("plumage_adamw", models[0], **options)
     with pytest.warns(UserWarning, match="keeps each low-rank weight's full gradient"):
         per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)
@@ -259,10 +261,10 @@ def test_refused_where_the_complement_is_not_defined(options, message):
 def test_plumage_default_is_left_out_where_it_cannot_apply():
     """plumage_*'s residual default does nothing for a projector that makes no orthonormal one-sided basis (as its
     resample_every does nothing under svd): FLORA's basis and proj_type 'full' step without a complement."""
-    for options in ({"projector": "random"}, {"projector": "svd", "proj_type": "full"}):
+    for options in ({"projector": "random"}, {"projector": "svd", "proj_type": "full", "v_floor": "none"}):
         weight = nn.Parameter(_gradient((8, 12), 8))
         weight.grad = _gradient((8, 12), 9)
-        optimizer = PlumageAdamW([{"params": [weight], "rank": 3, **options}])
+        optimizer = PlumageAdamW([{"params": [weight], "rank": 3, "residual": "norm_matched", **options}])
         optimizer.step()
         assert optimizer.param_groups[0]["residual"] == "norm_matched"
         assert "residual_norm" not in optimizer.state[weight], options
@@ -321,7 +323,8 @@ def test_per_layer_accumulation_with_a_horizon_equals_normal_mode():
     """Per-layer mode keeps the full gradient only on the updates whose complement moves."""
     accumulation, updates = 3, 6
     models = _tiny_twins()
-    options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 3, "residual": "norm_matched", "residual_horizon": 1}
+    options = {"lr": 1e-2, "rank": 4, "update_proj_gap": 3, **PLUMAGE_SAMPLED, "residual": "norm_matched",
+               "residual_horizon": 1}
     normal = build_optimizer("plumage_adamw", models[0], **options)
     with pytest.warns(UserWarning, match="keeps each low-rank weight's full gradient"):
         per_layer = build_optimizer("plumage_adamw_per_layer", models[1], accumulation_steps=accumulation, **options)

@@ -14,22 +14,27 @@ import torch
 from torch import nn
 
 from galore_plumage import build_optimizer
+from galore_plumage.optimizers import PLUMAGE_SAMPLED
 
 GAP, SAVE_AFTER, TOTAL = 3, 6, 11  # refreshes at steps 0, 3, 6, 9: the first resumed step (6) refreshes
 CONFIGS = {  # name -> options; min_8bit_size=64 puts these small tensors on the blockwise 8-bit path
-    "plumage_adamw": {"lr": 1e-2, "weight_decay": 0.1},
+    "plumage_adamw": {"lr": 1e-2, "weight_decay": 0.1},  # the default: top-r basis, v_floor
+    # PLUMAGE's draws (the default of sessions 14-16): pool, draw count, complement limiter
+    "plumage_adamw sampled": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED},
     "galore_adamw": {"lr": 1e-2, "weight_decay": 0.1},
     "flora_adamw": {"lr": 1e-2, "weight_decay": 0.1},  # factors not stored: regenerated from the seed on load
     "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.1, "min_8bit_size": 64},
+    "plumage_adamw8bit sampled": {"lr": 1e-2, "weight_decay": 0.1, "min_8bit_size": 64, **PLUMAGE_SAMPLED},
     "plumage_adafactor": {"lr": 1e-2, "relative_step": False, "beta1": 0.9, "weight_decay": 0.1},
     "plumage_sgdm": {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1},
     # the remedies keep state of their own: the limiter's last norm, each row's bias-correction weights
-    "plumage_adamw norm_matched": {"lr": 1e-2, "weight_decay": 0.1, "sampled_step": "norm_matched"},
-    "plumage_adamw row_bias": {"lr": 1e-2, "weight_decay": 0.1, "row_bias_correction": True},
+    "plumage_adamw norm_matched": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED, "sampled_step": "norm_matched"},
+    "plumage_adamw row_bias": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED, "row_bias_correction": True},
     # a draw between refreshes: the pool, the draw count and the next draw's step are state
-    "plumage_adamw resample": {"lr": 1e-2, "weight_decay": 0.1, "sampled_step": "norm_matched", "resample_every": 1},
+    "plumage_adamw resample": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED, "sampled_step": "norm_matched",
+                               "resample_every": 1},
     # Fira's complement: its limiter keeps the last norm
-    "plumage_adamw residual": {"lr": 1e-2, "weight_decay": 0.1, "residual": "norm_matched"},
+    "plumage_adamw residual": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED, "residual": "norm_matched"},
     "galore_adamw8bit residual": {"lr": 1e-2, "weight_decay": 0.1, "residual": "norm_matched", "min_8bit_size": 64},
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -144,7 +149,7 @@ def test_load_keeps_fp32_and_uint8_state_for_bf16_weights(name, tmp_path):
 def test_golden_state_layout_of_a_plumage_adamw_weight():
     """A change of checkpoint keys breaks old checkpoints: make it deliberate by updating this test."""
     model = _model(torch.float32)
-    optimizer = _build("plumage_adamw", model)
+    optimizer = _build("plumage_adamw sampled", model)
     _step(model, optimizer, torch.Generator().manual_seed(1))
     state_dict = optimizer.state_dict()
     assert set(state_dict) == {"state", "param_groups"}
@@ -164,6 +169,14 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
     assert set(state["projector"]["pool"]) == {"vectors", "p", "order", "draws", "next_resample"}  # resample_every (default 1)
     assert state["projector"]["name"] == "plumage" and set(state["projector"]["factors"]) == {0}
     assert state["exp_avg"].shape == state["exp_avg_sq"].shape == (4, 24)  # attn: 16 × 24, std → left, rank 4
+    # the default (top-r basis with the floor) keeps GaLore's layout: no pool, no 1/p, no limiter
+    default = _build("plumage_adamw", model)
+    _step(model, default, torch.Generator().manual_seed(1))
+    default_state = default.state_dict()
+    low_rank_group = next(g for g in default_state["param_groups"] if "rank" in g)
+    state = default_state["state"][low_rank_group["params"][0]]
+    assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector"}
+    assert state["projector"]["name"] == "svd" and "pool" not in state["projector"]
 
 
 def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
@@ -174,8 +187,8 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
     # the values of the runs written before those keys
-    paper = {"sampled_step": "adaptive", "max_inv_p": None, "row_bias_correction": False, "resample_every": 0,
-             "residual": "none"}
+    paper = {"projector": "plumage", "realign": "mv", "sampled_step": "adaptive", "max_inv_p": None,
+             "row_bias_correction": False, "resample_every": 0, "residual": "none", "v_floor": "none"}
     optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=GAP, lr=1e-2, **paper)
     for _ in range(SAVE_AFTER):
         _step(model, optimizer, generator)
@@ -199,5 +212,6 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     assert low_rank["solver"] == "svd" and low_rank["max_inv_p"] is None  # the values it was written with
     assert low_rank["sampled_step"] == "adaptive" and low_rank["row_bias_correction"] is False
     assert low_rank["resample_every"] == 0 and low_rank["align_signs"] is False and low_rank["residual"] == "none"
+    assert (low_rank["projector"], low_rank["realign"], low_rank["v_floor"]) == ("plumage", "mv", "none")
     for a, b in zip(twins[0].parameters(), twins[1].parameters(), strict=True):
         assert torch.equal(a, b)

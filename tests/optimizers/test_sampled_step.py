@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW
+from galore_plumage.optimizers import PLUMAGE_SAMPLED
 from galore_plumage.optimizers.limiter import GROWTH_LIMIT as NORM_GROWTH_LIMIT
 from galore_plumage.optimizers.sampled_step import norm_matched
 from galore_plumage.training.config import parse_config
@@ -101,19 +102,20 @@ def test_a_projector_that_samples_nothing_is_unaffected():
 
 
 def test_norm_matched_changes_a_plumage_run_and_keeps_its_limiter_state():
-    paper, _ = _train(PlumageAdamW, sampled_step="adaptive", max_inv_p=None)
+    paper, _ = _train(PlumageAdamW, **PLUMAGE_SAMPLED, sampled_step="adaptive", max_inv_p=None)
     # the limiter's state lives through an interval without draws (a draw, like a refresh, restarts it)
-    matched, optimizer = _train(PlumageAdamW, sampled_step="norm_matched", max_inv_p=None, resample_every=0)
+    matched, optimizer = _train(PlumageAdamW, **PLUMAGE_SAMPLED, sampled_step="norm_matched", max_inv_p=None,
+                                resample_every=0)
     assert not torch.allclose(paper, matched)
     (state,) = optimizer.state.values()
     assert state["sampled_norm"].dim() == 0 and torch.isfinite(state["sampled_norm"])
 
 
 def test_the_flag_reaches_the_optimizer_and_none_means_no_cap():
-    config = parse_config(["--sampled_step", "norm_matched", "--max_inv_p", "none"])
+    config = parse_config(["--projector", "plumage", "--sampled_step", "norm_matched", "--max_inv_p", "none"])
     options = optimizer_options(config)
     assert options["sampled_step"] == "norm_matched"
-    optimizer = PlumageAdamW([{"params": [_linear_model().weight], "rank": 4}], **options)
+    optimizer = PlumageAdamW([{"params": [_linear_model().weight], "rank": 4, "projector": "plumage"}], **options)
     _train_one(optimizer)
     (projector,) = optimizer._projectors.values()
     assert projector.max_inv_p is None  # 'none' is inf on the command line: the paper's uncapped estimator
@@ -130,7 +132,7 @@ def _train_one(optimizer):
 def test_a_refresh_restarts_the_limiter_so_new_rows_are_not_held_to_the_old_norm():
     """A near-zero last norm holds the sampled part near zero inside an interval, but not past a refresh."""
     model = _linear_model()
-    optimizer = PlumageAdamW([{"params": [model.weight], "rank": 4, "update_proj_gap": 3}], lr=1e-2,
+    optimizer = PlumageAdamW([{"params": [model.weight], "rank": 4, "update_proj_gap": 3, **PLUMAGE_SAMPLED}], lr=1e-2,
                              sampled_step="norm_matched", max_inv_p=None, resample_every=0)
     generator = torch.Generator().manual_seed(6)
     state, tiny = optimizer.state[model.weight], torch.tensor(1e-12)

@@ -61,7 +61,7 @@ def test_align_signs_makes_galore_independent_of_svd_signs(cls, monkeypatch):
 
 
 def test_plumage_realignment_already_carries_the_signs(monkeypatch):
-    paper = {"max_inv_p": None, "resample_every": 0}
+    paper = {"projector": "plumage", "realign": "mv", "v_floor": "none", "max_inv_p": None, "resample_every": 0}
     assert torch.equal(_weights_after(PlumageAdamW, 6, **paper), _weights_after(PlumageAdamW, 6, monkeypatch, **paper))
 
 

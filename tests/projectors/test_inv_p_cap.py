@@ -82,7 +82,8 @@ def test_a_cap_of_one_is_the_sampled_basis_without_rescaling(spectral_matrix):
 
 
 def test_optimizer_groups_carry_the_cap_to_their_projectors(tiny_mlp):
-    optimizer = build_optimizer("plumage_adamw", tiny_mlp, lr=1e-3, rank=2, target_modules=("",), max_inv_p=CAP)
+    optimizer = build_optimizer("plumage_adamw", tiny_mlp, lr=1e-3, rank=2, target_modules=("",), projector="plumage",
+                                max_inv_p=CAP)
     tiny_mlp(torch.randn(8, tiny_mlp[0].in_features)).square().sum().backward()
     optimizer.step()
     projectors = list(optimizer._projectors.values())
@@ -91,6 +92,6 @@ def test_optimizer_groups_carry_the_cap_to_their_projectors(tiny_mlp):
 
 
 def test_command_line_flag_reaches_the_optimizer_options():
-    config = parse_config(["--optimizer", "plumage_adamw", "--max_inv_p", "3"])
+    config = parse_config(["--optimizer", "plumage_adamw", "--projector", "plumage", "--max_inv_p", "3"])
     assert optimizer_options(config)["max_inv_p"] == 3.0
     assert "max_inv_p" not in optimizer_options(parse_config(["--optimizer", "plumage_adamw"]))

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from galore_plumage import PlumageAdamW
+from galore_plumage.optimizers import PLUMAGE_SAMPLED
 from galore_plumage.projectors import PlumageProjector, inclusion_probabilities
 from galore_plumage.projectors.base import refresh_generator
 from galore_plumage.projectors.sampling import systematic_sample
@@ -86,8 +87,8 @@ def test_the_optimizer_draws_between_refreshes_only():
     torch.manual_seed(0)
     weight = nn.Parameter(torch.randn(16, 24))
     gap, every, updates = 10, 5, 25
-    optimizer = PlumageAdamW([{"params": [weight], "rank": 6, "update_proj_gap": gap, "resample_every": every}],
-                             lr=1e-3)
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 6, "update_proj_gap": gap, "resample_every": every,
+                               **PLUMAGE_SAMPLED}], lr=1e-3)
     draws_seen = []
     for _ in range(updates):
         weight.grad = torch.randn(16, 24) @ torch.diag(torch.logspace(0, -3, 24))
@@ -111,14 +112,14 @@ def test_with_every_slot_kept_there_is_nothing_to_draw(spectral_matrix):
 
 
 
-@pytest.mark.parametrize("rule", ["mv", "mv_meansplit"])  # the paper's; PlumageAdamW's default since session 14
+@pytest.mark.parametrize("rule", ["mv", "mv_meansplit"])  # the paper's; LDAdam's (PLUMAGE_SAMPLED's)
 def test_the_optimizer_carries_the_moments_to_each_draw(rule):
     """After an update with a draw, M is the update's moment moved by the draw's B, and V moved by B∘B (mv) or rebuilt
     as (B M)² + (B∘B) max(V − M², 0) (mv_meansplit: a row that stays keeps max(V, M²), an entering one zero)."""
     generator = torch.Generator().manual_seed(6)
     weight = nn.Parameter(torch.randn(24, 16, generator=generator))
     optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 100, "resample_every": 1,
-                               "realign": rule}], lr=1e-2)
+                               **PLUMAGE_SAMPLED, "realign": rule}], lr=1e-2)
     updated = {}
     optimizer.step_observers.append(
         lambda param, projector, update, state, refreshed: updated.update(
@@ -223,7 +224,8 @@ def test_a_bfloat16_pool_draws_the_same_vectors_at_half_the_memory(spectral_matr
 def test_a_bfloat16_pool_resumes_exactly():
     """A checkpoint keeps the bfloat16 pool as it is: a resumed run repeats the uninterrupted one bit for bit."""
     def build(model):
-        return PlumageAdamW([{"params": [model.weight], "rank": 4, "update_proj_gap": 5, "pool_bf16": True}], lr=1e-2)
+        return PlumageAdamW([{"params": [model.weight], "rank": 4, "update_proj_gap": 5, **PLUMAGE_SAMPLED,
+                              "pool_bf16": True}], lr=1e-2)
 
     torch.manual_seed(0)
     model, twin = nn.Linear(16, 24, bias=False), nn.Linear(16, 24, bias=False)

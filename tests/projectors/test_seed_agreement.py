@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from galore_plumage import PlumageAdamW
+from galore_plumage.optimizers import PLUMAGE_SAMPLED
 
 SHAPES = [(48, 32), (32, 40)]
 STEPS, GAP, RANK = 9, 2, 6  # refreshes at steps 0, 2, 4, 6, 8
@@ -75,7 +76,7 @@ def test_parameters_draw_independently():
     generator = torch.Generator().manual_seed(0)
     grad = torch.randn(48, 32, generator=generator)
     weights = [torch.nn.Parameter(torch.zeros(48, 32)) for _ in range(2)]
-    group = {"params": weights, "rank": RANK, "update_proj_gap": GAP, "seed": 3}
+    group = {"params": weights, "rank": RANK, "update_proj_gap": GAP, "seed": 3, **PLUMAGE_SAMPLED}
     optimizer = PlumageAdamW([group], lr=1e-2)
     for w in weights:
         w.grad = grad.clone()

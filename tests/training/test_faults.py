@@ -130,7 +130,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(flags, strai
     (("--continue_from", "{run}", "--rank", "4"), "--rank 4 (the checkpoint: 8)"),
     (("--continue_from", "{run}", "--optimizer", "galore_adamw", "--lr", "1e-2"),
      "--lr 0.01 (the checkpoint: 0.003); --optimizer galore_adamw (the checkpoint: plumage_adamw)"),
-    (("--continue_from", "{run}", "--max_inv_p", "3"), "--max_inv_p 3.0 (the checkpoint: not given)"),
+    (("--continue_from", "{run}", "--residual_scale", "0.5"), "--residual_scale 0.5 (the checkpoint: not given)"),
 ])
 def test_a_second_run_or_a_resume_with_other_flags_is_refused_and_changes_nothing(flags, straight, extra, named,
                                                                                  monkeypatch, capsys):

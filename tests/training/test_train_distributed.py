@@ -56,10 +56,11 @@ def two_ranks(workspace, single_process):
     the same 8 sequences per update as the single process."""
     jobs = {}
 
-    def get(optimizer: str):
+    def get(optimizer: str):  # a name, then any flags of its own ("plumage_adamw --projector plumage")
         if optimizer not in jobs:
-            save_dir = workspace["root"] / f"ddp-{optimizer}"
-            result = torchrun(workspace["flags"] + ["--optimizer", optimizer, "--batch_size", "2",
+            name, *own = optimizer.split()
+            save_dir = workspace["root"] / f"ddp-{'-'.join(optimizer.split())}"
+            result = torchrun(workspace["flags"] + ["--optimizer", name, *own, "--batch_size", "2",
                                                     "--gradient_accumulation", "2", "--save_dir", str(save_dir)])
             assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
             jobs[optimizer] = save_dir, result
@@ -68,7 +69,8 @@ def two_ranks(workspace, single_process):
     return get
 
 
-@pytest.mark.parametrize("optimizer", ["plumage_adamw", COMPARED])
+# PLUMAGE's projector by name: plumage_adamw's default since session 17 is GaLore's deterministic basis
+@pytest.mark.parametrize("optimizer", ["plumage_adamw --projector plumage", COMPARED])
 def test_two_ranks_end_with_identical_weights(two_ranks, optimizer):
     """Exit 0, the run reports 2 processes, and both ranks' weight fingerprints (each computed by its own rank
     from its own weights, then gathered) are exactly equal: DDP handed both the same all-reduced gradients and

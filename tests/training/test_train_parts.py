@@ -176,7 +176,8 @@ def _model(seed: int = 0, **changes):
 
 def _trainer_state(model, step: int) -> dict:
     """What the loop saves: a real optimizer's state after one update, a scheduler, data position, RNG, counters."""
-    optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=2, lr=1e-3)
+    # PLUMAGE's projector: its state holds every kind the loop must save (pool, 1/p, draw counters)
+    optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=2, lr=1e-3, projector="plumage")
     scheduler = build_scheduler(optimizer, "cosine", 1, 10, 0.1)
     batch = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(step))
     model(input_ids=batch, labels=batch).loss.backward()
@@ -345,7 +346,7 @@ def test_projector_records_name_params_and_drop_non_finite():
 
 def test_projector_records_of_a_real_optimizer_are_strict_json():
     model = _model()
-    optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=2)
+    optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=2, projector="plumage")  # r*, 1/p stats
     batch = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
     model(input_ids=batch, labels=batch).loss.backward()
     optimizer.step()
