@@ -223,3 +223,21 @@ def test_adafactor_keeps_its_relative_step_without_an_lr_and_refuses_both():
     assert all(g["lr"] is None and g["relative_step"] is True for g in optimizer.param_groups)
     with pytest.raises(ValueError, match="Cannot combine manual lr=0.001 and relative_step=True"):
         build_optimizer("galore_adafactor", _model(), rank=4, lr=1e-3, relative_step=True)
+
+
+def test_the_plumage_adamw_default_is_the_protocols_galore_plus_floor_arm():
+    """benchmarks/pretrain_protocol.py measures the default as `galore_adamw --galore_scale 0.25 --v_floor m2`: the two
+    must be the same run, bit for bit, across refreshes (the plumage family's PLUMAGE-only defaults stay inert)."""
+    weights = []
+    for name, options in (("plumage_adamw", {}), ("galore_adamw", {"v_floor": "m2", "lr": 1e-2})):
+        model = _model()
+        optimizer = build_optimizer(name, model, rank=4, update_proj_gap=2, **options)
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(5):  # refreshes at updates 1, 3, 5
+            for param in model.parameters():
+                if param.requires_grad:
+                    param.grad = torch.randn(param.shape, generator=generator)
+            optimizer.step()
+        weights.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*weights, strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(weights[0], [p for p in _model().parameters()], strict=True))
