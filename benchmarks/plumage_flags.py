@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from galore_plumage.optimizers import optimizer_spec
+from galore_plumage.optimizers.options import BY_KEY
+
 # the paper's estimator; an arm names each option in this order (run_cache compares recorded commands)
 PAPER = {"sampled_step": "adaptive", "max_inv_p": "none", "row_bias_correction": False, "resample_every": 0,
          "residual": "none", "realign": "mv"}
@@ -26,16 +29,16 @@ def plumage_flags(**options) -> list[str]:
 # v_floor m2): a benchmark names it on every plumage_* arm (with_family_pins), and a run recorded without these flags
 # ran with these values (run_cache reads this table to reuse it).
 FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none"}
-ADAM_BACKENDS = ("adamw", "adamw8bit")  # the backends v_floor applies to (the others refuse the flag)
 
 
 def family_pins(optimizer: str) -> list[str]:
-    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor ([] for other names)."""
-    if not optimizer.startswith("plumage_"):
+    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor ([] for other names); --v_floor
+    only where the options table lets the backend take it (the others refuse the flag)."""
+    spec = optimizer_spec(optimizer)
+    if spec.family != "plumage":
         return []
-    backend = optimizer.removeprefix("plumage_").removesuffix("_per_layer")
-    pins = ["--projector", FAMILY_PINS["--projector"]]
-    return pins + (["--v_floor", FAMILY_PINS["--v_floor"]] if backend in ADAM_BACKENDS else [])
+    floors = BY_KEY["v_floor"].applies(spec.backend, None) is None
+    return ["--projector", FAMILY_PINS["--projector"]] + (["--v_floor", FAMILY_PINS["--v_floor"]] if floors else [])
 
 
 def with_family_pins(optimizer: str, flags: list[str]) -> list[str]:

@@ -221,9 +221,6 @@ def check_betas(betas) -> None:
             raise ValueError(f"Invalid beta parameter at index {index}: {beta} - should be in [0.0, 1.0)")
 
 
-OFF = {"row_bias_correction": False, "v_floor": "none", "residual": "none"}  # each switch's value that turns it off
-
-
 class LowRankOptimizer(Optimizer):
     """A torch Optimizer whose groups with a `rank` key are trained through a low-rank projector.
 
@@ -282,7 +279,7 @@ class LowRankOptimizer(Optimizer):
             if spec.tensors or group["proj_type"] == "full":
                 raise ValueError(f"{key}={group[key]!r} (low-rank group {index}) needs a one-sided projection; got "
                                  f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop {key}, or set "
-                                 f"{key}={OFF[key]!r} where it is the optimizer's default")
+                                 f"{key}={BY_KEY[key].default!r} where it is the optimizer's default")
         # the projector validates rank, gap, scale, proj_type, and tau_max against the gap
         build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):
