@@ -13,9 +13,12 @@ layers: a decomposition's time depends on the shape, not on which layer it is).
                `together`: the update a user waits longest for, with and without the stagger
 
 Rows: galore-torch's GaLoreProjector.project at a refresh iteration (torch.linalg.svd of the gradient, then the
-projection), our `svd` projector and PLUMAGE's default refresh (pool of the top 2r vectors, κ = 1, bfloat16 pool)
-with each solver ("svd": torch.linalg.svd as galore-torch; "gram": float32 eigh of the smaller Gram; "gram64": the
-same in float64). Ours refresh through Projector.refresh and then project, as an optimizer step does.
+projection), our `svd` projector (plumage_adamw's default basis since session 17) and PLUMAGE's draws (pool of the top
+2r vectors, κ = 1, bfloat16 pool: PLUMAGE_SAMPLED's projector) with each solver ("svd": torch.linalg.svd as
+galore-torch; "gram": float32 eigh of the smaller Gram; "gram64": the same in float64). Ours refresh through
+Projector.refresh and then project, as an optimizer step does. "batched B" rows (refresh_batch = B): the weights of one
+shape decomposed B at a time in one call (spectrum.decompose_batch on a stack of their gradients), each projector then
+refreshing from its own decomposition (Projector.prepare), as optimizers/batched_refresh.py does; `together` only.
 
     python benchmarks/model_refresh.py [--sizes 60m,130m] [--reps 3] [--tau 200] [--device cpu|cuda] [--threads N]
                                        [--out docs/model_refresh.md]
@@ -39,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_time import command_line, layer_shapes, machine, random_tensors, synchronize  # noqa: E402 - on sys.path
 
 from galore_plumage.projectors import build_projector  # noqa: E402
+from galore_plumage.projectors.spectrum import decompose_batch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = {"60m": 128, "130m": 256, "350m": 256, "1b": 512, "7b": 1024}  # GaLore's published ranks
@@ -86,21 +90,48 @@ def our_refresh(projector: str, rank: int, **options) -> Callable[[torch.Tensor]
     return refresh
 
 
+def our_batched_refresh(projector: str, rank: int, batch: int, **options) -> Callable[[list[torch.Tensor]], None]:
+    """Refreshes of same-shaped weights from one decompose_batch call per `batch` of them (the optimizer's path)."""
+    def refresh(grads):
+        for start in range(0, len(grads), batch):
+            chunk = grads[start:start + batch]
+            built = [build_projector(projector, rank, proj_type="std", update_proj_gap=200, **options) for _ in chunk]
+            modes = tuple(built[0].ranks_for(chunk[0].shape))
+            decompositions = decompose_batch(torch.stack(chunk), modes, built[0].solver) if len(chunk) > 1 else None
+            for index, (one, grad) in enumerate(zip(built, chunk, strict=True)):
+                if decompositions is not None:
+                    one.prepare(decompositions[index], 0)
+                if not one.refresh(grad, 0):
+                    raise RuntimeError(f"{projector} {options} kept no basis for a gradient of shape {tuple(grad.shape)}")
+                one.project(grad)
+
+    return refresh
+
+
+SAMPLED = dict(max_inv_p=1.0, resample_every=1, pool_bf16=True)  # PLUMAGE_SAMPLED's projector options
+BATCHES = (8, 32)
+
+
 def rows(rank: int) -> dict[str, Callable[[torch.Tensor], None]]:
-    default = dict(max_inv_p=1.0, resample_every=1, pool_bf16=True)
     table = {GALORE_TORCH: galore_torch_refresh(rank)}
     for solver in ("svd", "gram", "gram64"):
         table[f"ours svd ({solver})"] = our_refresh("svd", rank, solver=solver)
     for solver in ("svd", "gram", "gram64"):
-        table[f"ours plumage default ({solver})"] = our_refresh("plumage", rank, solver=solver, **default)
+        table[f"ours plumage draws ({solver})"] = our_refresh("plumage", rank, solver=solver, **SAMPLED)
     return table
 
 
-def timed(refresh: Callable[[torch.Tensor], None], grad: torch.Tensor) -> float:
-    synchronize(grad.device)
+def batched_rows(rank: int) -> dict[str, Callable[[list[torch.Tensor]], None]]:
+    return {f"ours svd ({solver}), batched {batch}": our_batched_refresh("svd", rank, batch, solver=solver)
+            for solver in ("svd", "gram") for batch in BATCHES}
+
+
+def timed(refresh: Callable, grad: torch.Tensor | list[torch.Tensor]) -> float:
+    device = grad[0].device if isinstance(grad, list) else grad.device
+    synchronize(device)
     start = time.perf_counter()
     refresh(grad)
-    synchronize(grad.device)
+    synchronize(device)
     return time.perf_counter() - start
 
 
@@ -109,11 +140,13 @@ def measure(size: str, reps: int, tau: int, device: torch.device) -> list[str]:
     rank = RANKS[size]
     distinct = list(dict.fromkeys(shapes))
     grads = dict(zip(distinct, random_tensors(distinct, device, SEED), strict=True))
-    table = rows(rank)
+    table, batched = rows(rank), batched_rows(rank)
     for refresh in table.values():  # warm-up: library loading, workspace allocation
         refresh(grads[shapes[0]])
+    for refresh in batched.values():
+        refresh([grads[shapes[0]]] * 2)
     per_shape = {name: {shape: [] for shape in grads} for name in table}
-    totals = {name: [] for name in table}
+    totals = {name: [] for name in [*table, *batched]}
     for _ in range(reps):  # interleaved: each rep refreshes the whole model once per row
         for name, refresh in table.items():
             seconds = {shape: [] for shape in grads}
@@ -122,14 +155,16 @@ def measure(size: str, reps: int, tau: int, device: torch.device) -> list[str]:
             totals[name].append(sum(sum(s) for s in seconds.values()))
             for shape, values in seconds.items():
                 per_shape[name][shape].extend(values)
+        for name, refresh in batched.items():  # each shape's weights in calls of the row's batch
+            totals[name].append(sum(timed(refresh, [grads[shape]] * shapes.count(shape)) for shape in grads))
     reference = statistics.median(totals[GALORE_TORCH])
     lines = [f"## {size}: {len(shapes)} projected weights, rank {rank}", "",
              f"| refresh | together s | / galore-torch | staggered: slowest update s (τ = {tau}) | / galore-torch together |",
              "|---|---:|---:|---:|---:|"]
-    for name in table:
+    for name in totals:
         together = statistics.median(totals[name])
-        staggered = "— | —"  # galore-torch has no stagger: all its weights refresh at every τ-th update
-        if name != GALORE_TORCH:
+        staggered = "— | —"  # galore-torch has no stagger: all its weights refresh at every τ-th update (batched rows:
+        if name in per_shape and name != GALORE_TORCH:  # staggered weights rarely share a step)
             median_shape = {shape: statistics.median(values) for shape, values in per_shape[name].items()}
             slowest = slowest_staggered_update([median_shape[shape] for shape in shapes], tau)
             staggered = f"{slowest:.3f} | {slowest / reference:.3f}"

@@ -215,6 +215,14 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
         "--galore_scale", "0.25", "--v_floor", "m2", "--residual", "norm_matched", "--residual_limiter", "steady",
         "--residual_scale", "0.25", "--residual_cap", "0.5", "--residual_horizon", "10", *gap], (1e-2, 7e-3, 1.4e-2))
        for gap_name, gap in GAPS},
+    # does PLUMAGE's sampling add anything to the floor (the default since session 17 is GaLore's top-r basis + v_floor)?
+    # Its draws made once per refresh (κ = 0, moments kept as GaLore keeps them), or before every update from the top 2r
+    # vectors (κ = 1, pool in bfloat16, moments carried by B with entering rows from zero); 1/p capped at 1 in both
+    **{f"plumage_cap1_{name}_vfloor{gap_name}": ("plumage_adamw", [
+        "--galore_scale", "0.25", *pool, *plumage_flags(max_inv_p=1, resample_every=kappa, realign=realign),
+        "--v_floor", "m2", *gap], (1e-2, 1.4e-2, 7e-3))
+       for name, kappa, realign, pool in (("kappa0", 0, "none", []), ("resample", 1, "mv", ["--pool_bf16"]))
+       for gap_name, gap in GAPS},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),

@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 from ..projectors import Projector, build_projector, projector_spec
 from ..projectors.base import Outside, compute_dtype
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
+from .batched_refresh import prepare_batched_refreshes
 from .placement import WHOLE
 from .realign import check_rule
 from .residual import complement_weights, residual_rule
@@ -297,6 +298,7 @@ class LowRankOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        prepare_batched_refreshes(self)  # same-shaped weights due for a refresh: one decomposition call (refresh_batch)
         for group in self.param_groups:
             for param in group["params"]:
                 if param.grad is not None:
@@ -395,6 +397,10 @@ class LowRankOptimizer(Optimizer):
     def projector_stats(self) -> dict[int, dict[str, float]]:
         """Per low-rank weight (by its index in the param groups): r*, ρ, τ, max 1/p, refresh counts."""
         return {self._indices[p]: dict(proj.stats) for p, proj in self._projectors.items()}
+
+    def held_whole(self, param: torch.Tensor) -> bool:
+        """True when this process holds all of `param` (not FSDP2 rows of it)."""
+        return self._placement(param) is WHOLE
 
     def _placement(self, param: torch.Tensor):
         """How `param` is held: whole, or (FSDP2) by rows over ranks; see placement.py."""

@@ -75,6 +75,12 @@ def _check_residual_horizon(value) -> None:
                          f"got {value!r}")
 
 
+def _check_refresh_batch(value) -> None:
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"refresh_batch must be an integer >= 1 (1: each weight's refresh decomposes its own gradient), "
+                         f"got {value!r}")
+
+
 def parse_optional_int(text: str) -> int | None:
     """A flag's whole number, or None for 'none'."""
     if str(text).strip().lower() == "none":
@@ -125,6 +131,12 @@ def _needs_sampling(backend: str, projector_cls) -> str | None:
 def _needs_singular_vectors(backend: str, projector_cls) -> str | None:
     if not projector_cls.signed:
         return f"it fixes the signs of singular vectors, but projector {projector_cls.name!r} does not use any"
+    return None
+
+
+def _needs_spectrum(backend: str, projector_cls) -> str | None:
+    if not projector_cls.from_spectrum:
+        return f"it batches decompositions of the gradient, but projector {projector_cls.name!r} decomposes none"
     return None
 
 
@@ -187,6 +199,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("solver", "svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, galore-torch's "
            "call), 'gram' (eigh of the smaller Gram matrix: faster) or 'gram64' (the same in float64: the most "
            "accurate)", check_solver, ("qr", None), to_projector=True, choices=SOLVERS),
+    Option("refresh_batch", 1, "svd/plumage: decompose the gradients of up to this many weights of one shape whose "
+           "refresh falls on the same step in one batched torch.linalg call (weights held whole, refresh_ema 0): fewer, "
+           "larger calls, for a GPU; the call holds a copy of those gradients; 1 = each weight on its own",
+           _check_refresh_batch, (0, -2, 2.5, True, "4", None), parse=int, applies=_needs_spectrum),
     Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
            "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", check_max_inv_p,
            (0.5, -1.0, math.nan, True, "3"), plumage=1.0, to_projector=True, parse=parse_cap, applies=_needs_rescaling),

@@ -22,7 +22,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from .checks import check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
-from .interval import mean_principal_cosine, next_interval
+from .interval import next_interval, principal_cosine_mean
 from .signs import aligned_signs
 from .spectrum import Singular, eigh_gram
 
@@ -167,6 +167,9 @@ class Projector:
     from_spectrum: ClassVar[bool] = False  # True: a basis is made from singular values/vectors alone (sharded refresh)
     rescales: ClassVar[bool] = False  # True: project_back applies 1/p of sampled directions (max_inv_p may cap it)
     signed: ClassVar[bool] = False  # True: bases are singular vectors, each defined up to its sign (align_signs)
+    # True: a bad gradient's basis is made and then rejected (refresh), so the check costs no host read of its own; only
+    # for a projector whose basis-making tolerates NaN (an SVD does; PLUMAGE's sampling refuses NaN singular values)
+    checks_after: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -240,6 +243,7 @@ class Projector:
         # from the pool only (mode, the rows whose vector changed), what transport zeroes
         self._transition: dict[int, torch.Tensor] | None = None
         self._selection: tuple[int, torch.Tensor] | None = None
+        self._prepared: tuple[Singular, int] | None = None  # prepare(): a batched decomposition for the next refresh
         self.refresh_count = 0
         self.next_refresh = 0
         self.refreshed_at = 0  # the step of the latest refresh (the basis's age counts from it)
@@ -286,37 +290,59 @@ class Projector:
 
         A non-finite or all-zero gradient keeps the previous basis (or defers the first one) and is
         retried at the next call: a basis built from it would put NaN or noise into every later step.
+        A projector that `checks_after` decomposes first and rejects such a basis afterwards, reading the
+        check together with the basis's figures: one host synchronisation per refresh instead of two or three.
         """
         self._check_shape(grad)
-        if not finite_and_nonzero(grad):
+        usable = gradient_usable(grad)
+        if not self.checks_after and not bool(usable):
             self.stats["skipped_refreshes"] += 1
             return False
         ranks = self._rank_per_mode or self._ranks(tuple(grad.shape))
         generator = refresh_generator(self.seed, self.index, self.refresh_count)
-        basis = self._new_basis(grad.detach().to(compute_dtype(grad)), ranks, generator)
+        prepared, self._prepared = self._prepared, None
+        if prepared is not None and prepared[1] == step:
+            basis = self._basis_from_spectrum(prepared[0], ranks, generator)
+        else:
+            basis = self._new_basis(grad.detach().to(compute_dtype(grad)), ranks, generator)
         if basis is None:
             self.stats["skipped_refreshes"] += 1
             return False
-        self.install(basis, tuple(grad.shape), ranks, step)
-        return True
+        return self.install(basis, tuple(grad.shape), ranks, step, usable if self.checks_after else None)
 
-    def install(self, basis: Basis, shape: tuple[int, ...], ranks: dict[int, int], step: int) -> None:
-        """Make `basis` (built for a gradient of `shape`) the current one: transition, ρ, τ, schedule, stats."""
+    def prepare(self, decomposition: Singular, step: int) -> None:
+        """The decomposition of the gradient that the refresh of update `step` is to be made from, computed together
+        with other weights' (optimizers/batched_refresh.py): that refresh then skips its own decomposition."""
+        if not self.from_spectrum:
+            raise TypeError(f"projector {self.name!r} does not build its basis from a spectrum")
+        self._prepared = (decomposition, step)
+
+    def install(self, basis: Basis, shape: tuple[int, ...], ranks: dict[int, int], step: int,
+                usable: torch.Tensor | None = None) -> bool:
+        """Make `basis` (built for a gradient of `shape`) the current one: transition, ρ, τ, schedule, stats. `usable`
+        (a 0-d bool tensor, read with the figures): False leaves everything as it was and counts a skipped refresh.
+        Returns whether the basis was installed."""
+        old = self.factors
+        factors = basis.factors
+        if self.align_signs:
+            factors = {k: aligned_signs(f, old.get(k)) for k, f in factors.items()}
+        rho = None
+        if old:
+            rho = sum(principal_cosine_mean(old[k], factors[k]) for k in factors) / max(len(factors), 1)
+        figures = _read_together(usable, rho, basis.stats)  # the refresh's one read from the device
+        if usable is not None and not figures.pop("usable"):
+            self.stats["skipped_refreshes"] += 1
+            return False
         if self.shape is None:
             self.shape, self._rank_per_mode = shape, ranks
-
-        old = self.factors
-        if self.align_signs:
-            basis.factors = {k: aligned_signs(f, old.get(k)) for k, f in basis.factors.items()}
+        basis.factors = factors
         self._transition, self._selection = None, None
-        self._compute = next(iter(basis.factors.values())).dtype
+        self._compute = next(iter(factors.values())).dtype
         if old:
-            self._transition = _transition(basis.factors, old, self._compute)
-            rho = sum(mean_principal_cosine(old[k], basis.factors[k]) for k in basis.factors)
-            rho /= max(len(basis.factors), 1)
-            self.stats["rho"] = rho
+            self._transition = _transition(factors, old, self._compute)
+            self.stats["rho"] = figures.pop("rho")
             if self.adaptive_interval:
-                self.tau = next_interval(rho, self.tau, self.tau_min, self.tau_max)
+                self.tau = next_interval(self.stats["rho"], self.tau, self.tau_min, self.tau_max)
         if self.pool_bf16 and basis.pool is not None:
             basis = _stored_in_bf16(basis)
         self.factors, self.inv_p = basis.factors, basis.inv_p
@@ -324,7 +350,8 @@ class Projector:
         self.refresh_count += 1
         self.next_refresh, self.refreshed_at = step + self.tau, step
         self.next_resample = step + self.resample_every
-        self.stats.update(basis.stats, refreshes=self.refresh_count, tau=self.tau)
+        self.stats.update(figures, refreshes=self.refresh_count, tau=self.tau)
+        return True
 
     # ----------------------------------------------------------------- refreshes without the whole gradient
     # A weight split by rows over processes (FSDP2, optimizers/sharded.py) never has G in one place. What the ranks can
@@ -628,14 +655,30 @@ def _row_major(matrix: torch.Tensor) -> torch.Tensor:
     return matrix.clone(memory_format=torch.contiguous_format)
 
 
-def finite_and_nonzero(grad: torch.Tensor) -> bool:
-    """True when every entry of `grad` is finite and one is not zero: one pass and one host sync (aminmax carries a
-    NaN or an infinity into its min or max), instead of the three of isfinite().all() and any()."""
+def gradient_usable(grad: torch.Tensor) -> torch.Tensor:
+    """Whether every entry of `grad` is finite and one is not zero, as a 0-d bool tensor on its device (not read
+    back): one pass (aminmax carries a NaN or an infinity into its min or max), instead of the three of
+    isfinite().all() and any()."""
     if grad.numel() == 0:
-        return False
+        return torch.zeros((), dtype=torch.bool, device=grad.device)
     low, high = torch.aminmax(grad)
     extremes = torch.stack([low, high])
-    return bool(torch.isfinite(extremes).all() & extremes.ne(0).any())
+    return torch.isfinite(extremes).all() & extremes.ne(0).any()
+
+
+def _read_together(usable: torch.Tensor | None, rho: torch.Tensor | None, stats: dict) -> dict:
+    """The refresh's figures as Python numbers, tensors among them read from the device in one transfer: `usable`
+    (as "usable"), ρ (as "rho") and the basis's stats that are 0-d tensors (the others pass through)."""
+    pending = {key: value for key, value in (("usable", usable), ("rho", rho)) if value is not None}
+    pending.update((key, value) for key, value in stats.items() if isinstance(value, torch.Tensor))
+    figures = {key: value for key, value in stats.items() if not isinstance(value, torch.Tensor)}
+    if pending:
+        device = next(iter(pending.values())).device
+        values = torch.stack([value.to(device=device, dtype=torch.float64) for value in pending.values()]).tolist()
+        figures.update(zip(pending, values, strict=True))
+    if "usable" in figures:
+        figures["usable"] = bool(figures["usable"])
+    return figures
 
 
 def compute_dtype(grad: torch.Tensor) -> torch.dtype:

@@ -18,7 +18,13 @@ DOUBLE_ABOVE = 0.6
 
 
 def mean_principal_cosine(old: torch.Tensor, new: torch.Tensor, max_columns: int = MAX_OVERLAP_COLUMNS) -> float:
-    """Mean cosine of the principal angles between span(old[:, :c]) and span(new[:, :c]).
+    """Mean cosine of the principal angles between span(old[:, :c]) and span(new[:, :c]), as a float."""
+    return principal_cosine_mean(old, new, max_columns).item()
+
+
+def principal_cosine_mean(old: torch.Tensor, new: torch.Tensor, max_columns: int = MAX_OVERLAP_COLUMNS) -> torch.Tensor:
+    """mean_principal_cosine as a float64 0-d tensor on the bases' device: computed without reading it back, so a
+    refresh reads it together with its other figures (one host synchronisation).
 
     The cosines are the singular values of Q_oldᵀ Q_new for orthonormal Q; the QR makes this also right
     for bases that are not orthonormal (FLORA's Gaussian ones).
@@ -27,8 +33,8 @@ def mean_principal_cosine(old: torch.Tensor, new: torch.Tensor, max_columns: int
         raise ValueError(f"bases must be 2-D with equal row counts, got {tuple(old.shape)} and {tuple(new.shape)}")
     columns = min(max_columns, old.shape[1], new.shape[1])
     q_old = torch.linalg.qr(old[:, :columns].double()).Q
-    q_new = torch.linalg.qr(new[:, :columns].double()).Q
-    return torch.linalg.svdvals(q_old.T @ q_new).clamp(max=1.0).mean().item()
+    q_new = torch.linalg.qr(new[:, :columns].to(q_old.device).double()).Q
+    return torch.linalg.svdvals(q_old.T @ q_new).clamp(max=1.0).mean()
 
 
 def next_interval(rho: float, tau: int, tau_min: int, tau_max: int) -> int:

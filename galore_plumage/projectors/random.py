@@ -36,6 +36,7 @@ class RandomProjector(Projector):
     description = "FLORA: Gaussian N(0, 1/r) projection regenerated from a seed (unbiased, no SVD)"
     unbiased = True
     stores_factors = False
+    checks_after = True  # the draw reads nothing of the gradient: a bad gradient's basis is drawn, then rejected
 
     def _new_basis(self, grad, ranks, generator):
         # the refresh's CPU generator where the gradient is on the CPU; else the same seed on the gradient's device

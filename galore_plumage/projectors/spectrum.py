@@ -4,6 +4,7 @@ sharded refresh build their bases from.
     thin_svd      torch.linalg.svd as galore-torch calls it, retried in float64 on non-convergence
     eigh_gram     eigenvectors and σ = √λ of a Gram matrix (G Gᵀ or Gᵀ G), the route of solver="gram"/"gram64" and of FSDP2
     decompose     the solver's choice between them, as a `Singular` (σ and a way to cut factors)
+    decompose_batch   the same for a stack of same-shaped gradients in one batched call (optimizers/batched_refresh.py)
 """
 
 from __future__ import annotations
@@ -76,12 +77,18 @@ def eigh_gram(gram: torch.Tensor, dtype: torch.dtype, noise_floor: bool = False)
             continue
     else:
         return None
-    eigenvalues = eigenvalues.flip(0)
+    return _descending(eigenvalues, eigenvectors, gram.dtype, dtype, noise_floor)
+
+
+def _descending(eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, gram_dtype: torch.dtype, dtype: torch.dtype,
+                noise_floor: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """eigh's ascending output (one matrix's or a stack's) as descending eigenvectors and σ = √λ in `dtype`."""
+    eigenvalues = eigenvalues.flip(-1)
     if noise_floor:
-        floor = gram.shape[0] * torch.finfo(gram.dtype).eps * eigenvalues[0].clamp_min(0)
+        floor = eigenvalues.shape[-1] * torch.finfo(gram_dtype).eps * eigenvalues[..., :1].clamp_min(0)
         eigenvalues = torch.where(eigenvalues < floor, torch.zeros_like(eigenvalues), eigenvalues)
     sigma = eigenvalues.clamp_min(0).sqrt().to(dtype)
-    return eigenvectors.flip(1).to(dtype), sigma
+    return eigenvectors.flip(-1).to(dtype), sigma
 
 
 class Singular(NamedTuple):
@@ -107,3 +114,27 @@ def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singul
         return None
     u, sigma, vh = result
     return Singular(sigma, lambda mode, columns: singular_factor(u, vh, mode, columns))
+
+
+def decompose_batch(grads: torch.Tensor, modes: tuple[int, ...], solver: str) -> list[Singular] | None:
+    """decompose() of each matrix of a stack (b × m × n) in one batched torch.linalg call; None when that call fails
+    (a member whose gradient is not finite, or a solver that does not converge), so the caller decomposes them one by
+    one, with decompose()'s float64 retry.
+
+    Each member's σ and vectors are those its own decompose() gives: on a CPU the batched call runs the same LAPACK
+    routine on each matrix (tests/optimizers/test_batched_refresh.py checks bases bit-identical); a GPU may choose
+    another algorithm for a batch. The factors cut out of a member are copies, so nothing keeps the stack alive.
+    """
+    mode = modes[0]
+    try:
+        if solver.startswith("gram") and len(modes) == 1 and grads.shape[1 + mode] <= grads.shape[2 - mode]:
+            source = grads.double() if solver == "gram64" else grads
+            grams = source @ source.mT if mode == 0 else source.mT @ source
+            vectors, sigma = _descending(*torch.linalg.eigh(grams), grams.dtype, grads.dtype, noise_floor=False)
+            return [Singular(sigma[i], lambda mode, columns, v=vectors[i]: v[:, columns].clone())
+                    for i in range(grads.shape[0])]
+        u, sigma, vh = torch.linalg.svd(grads, full_matrices=False)
+    except RuntimeError:
+        return None
+    return [Singular(sigma[i], lambda mode, columns, u=u[i], vh=vh[i]: singular_factor(u, vh, mode, columns))
+            for i in range(grads.shape[0])]

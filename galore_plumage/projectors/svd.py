@@ -11,6 +11,7 @@ class SVDProjector(Projector):
     description = "GaLore: top-r singular vectors of the gradient (biased, deterministic)"
     from_spectrum = True
     signed = True
+    checks_after = True  # an SVD of a non-finite gradient fails or gives NaN: its basis is rejected after the fact
 
     def _new_basis(self, grad, ranks, generator):
         decomposition = decompose(grad, tuple(ranks), self.solver)
@@ -19,6 +20,6 @@ class SVDProjector(Projector):
     def _basis_from_spectrum(self, decomposition, ranks, generator):
         rank = next(iter(ranks.values()))
         energy = decomposition.sigma.double().square()
-        captured = (energy[:rank].sum() / energy.sum()).item()
+        captured = energy[:rank].sum() / energy.sum()  # a 0-d tensor: read with the refresh's other figures
         factors = {mode: decomposition.factor(mode, slice(0, r)) for mode, r in ranks.items()}
         return Basis(factors, stats={"energy_captured": captured})

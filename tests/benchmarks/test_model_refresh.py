@@ -45,3 +45,9 @@ def test_every_row_refreshes_a_small_gradient():
     grad = torch.randn(48, 32, generator=torch.Generator().manual_seed(0))
     for name, refresh in model_refresh.rows(rank=8).items():
         assert model_refresh.timed(refresh, grad) > 0, name
+
+
+def test_every_batched_row_refreshes_same_shaped_gradients():
+    grads = list(torch.randn(3, 48, 32, generator=torch.Generator().manual_seed(0)))
+    for name, refresh in model_refresh.batched_rows(rank=8).items():
+        assert model_refresh.timed(refresh, grads) > 0, name

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from galore_plumage.projectors import build_projector
-from galore_plumage.projectors.base import finite_and_nonzero
+from galore_plumage.projectors.base import gradient_usable
 
 CASES = [
     ("svd", "std", {}), ("svd", "reverse_std", {}), ("svd", "full", {}), ("random", "left", {}), ("random", "right", {}),
@@ -53,16 +53,22 @@ def test_add_back_before_a_basis_is_refused():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_finite_and_nonzero(dtype):
+def test_gradient_usable(dtype):
+    # a 0-d bool tensor (read by the caller, with the refresh's other figures)
+    def usable(tensor):
+        flag = gradient_usable(tensor)
+        assert flag.shape == () and flag.dtype == torch.bool
+        return bool(flag)
+
     grad = torch.randn(50, 7, generator=torch.Generator().manual_seed(3)).to(dtype)
-    assert finite_and_nonzero(grad)
-    assert not finite_and_nonzero(torch.zeros(50, 7, dtype=dtype))
-    assert not finite_and_nonzero(torch.zeros(0, 7, dtype=dtype))
+    assert usable(grad)
+    assert not usable(torch.zeros(50, 7, dtype=dtype))
+    assert not usable(torch.zeros(0, 7, dtype=dtype))
     for bad in (float("nan"), float("inf"), float("-inf")):
         for position in ((0, 0), (25, 3), (49, 6)):
             broken = grad.clone()
             broken[position] = bad
-            assert not finite_and_nonzero(broken), (bad, position)
+            assert not usable(broken), (bad, position)
     lone = torch.zeros(50, 7, dtype=dtype)
     lone[10, 2] = -1e-30 if dtype != torch.bfloat16 else -1e-3
-    assert finite_and_nonzero(lone)
+    assert usable(lone)
