@@ -49,6 +49,10 @@ OPTIONS = {
                                "residual": "norm_matched"},
 }
 
+# the runs whose label is not the optimizer's name: label -> name
+OPTIMIZER_OF = {"plumage_adamw_default": "plumage_adamw", "plumage_adamw8bit_fp32": "plumage_adamw8bit",
+                "plumage_adamw_residual": "plumage_adamw"}
+
 
 class Tiny(nn.Module):
     """mlp_up (37 x 24: uneven shards) and mlp_down (64 x 37) are low-rank; norm, the bias and head are regular.
@@ -93,8 +97,8 @@ def build(name: str, wide: bool, sharded: bool, proj_type: str):
     # float64: the reference takes the same eigh-of-Gram route; float32: torch.linalg.svd, whose rounding-level
     # singular values stay at ε·σ₁ (the sharded route zeroes them: spectrum.eigh_gram's noise floor)
     solver = "gram" if dtype == torch.float64 else "svd"
-    optimizer = build_optimizer(name.removesuffix("_fp32").removesuffix("_residual").removesuffix("_default"), model, rank=RANK,
-                                update_proj_gap=GAP, proj_type=proj_type, solver=solver, **OPTIONS[name])
+    optimizer = build_optimizer(OPTIMIZER_OF.get(name, name), model, rank=RANK, update_proj_gap=GAP,
+                                proj_type=proj_type, solver=solver, **OPTIONS[name])
     return model, optimizer
 
 
