@@ -24,8 +24,8 @@ from torch.optim import Optimizer
 
 from ..projectors import Projector, build_projector, projector_spec
 from ..projectors.base import Outside, compute_dtype
-from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .batched_refresh import prepare_batched_refreshes
+from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .placement import WHOLE
 from .realign import check_rule
 from .residual import complement_weights, residual_rule

@@ -83,3 +83,52 @@ def test_a_steady_step_of_the_default_does_not_synchronise_with_the_host(options
         torch.cuda.set_sync_debug_mode("default")
     if options:
         assert optimizer._projectors[weight].stats["resamples"] >= 3
+
+
+def _synchronisations(step) -> int:
+    """How many times `step()` synchronised the GPU with the host (torch's sync debug mode warns once each)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def test_a_refresh_of_the_default_synchronises_at_most_twice():
+    """Issue 15: the refresh of GaLore's basis reads its check, energy and ρ in one transfer; torch.linalg.svd's own
+    error check (documented to synchronise on CUDA) is the other."""
+    from galore_plumage import PlumageAdamW
+
+    weight = torch.nn.Parameter(torch.randn(96, 64, device="cuda"))
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 8, "update_proj_gap": 2}])
+    weight.grad = torch.randn(96, 64, device="cuda")
+    optimizer.step()  # the first refresh (workspaces allocated)
+    optimizer.step()
+    assert _synchronisations(optimizer.step) <= 2  # update 2: a refresh
+
+
+def test_batched_refreshes_on_cuda_match_one_by_one():
+    """refresh_batch on CUDA: the batch may run another cuSOLVER algorithm than one matrix does, so the bases agree to
+    float32 rounding (bit-identical on CPU: tests/optimizers/test_batched_refresh.py)."""
+    from galore_plumage import PlumageAdamW
+
+    def run(refresh_batch):
+        torch.manual_seed(0)
+        weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
+        start = torch.cat([w.detach().flatten() for w in weights])
+        optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 2, "refresh_batch": refresh_batch,
+                                   "align_signs": True}])
+        generator = torch.Generator(device="cuda").manual_seed(1)
+        for _ in range(5):
+            for weight in weights:
+                weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
+            optimizer.step()
+        return torch.cat([w.detach().flatten() for w in weights]) - start  # the updates, not the weights
+
+    assert relative_difference(run(4), run(1)) < FP32_RTOL

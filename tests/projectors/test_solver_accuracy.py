@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from galore_plumage.projectors import inclusion_probabilities
-from galore_plumage.projectors.spectrum import decompose
+from galore_plumage.projectors.spectrum import decompose, decompose_batch
 
 M, N, RANK = 96, 240, 12
 SPECTRA = {
@@ -24,10 +24,14 @@ SPECTRA = {
 }
 
 
-def _errors(grad: torch.Tensor, solver: str, count: int) -> dict[str, float]:
-    """Angle of the top-RANK subspace, σ and p relative errors over the top `count` values, against float64 SVD."""
+def _errors(grad: torch.Tensor, solver: str, count: int, batched: bool = False) -> dict[str, float]:
+    """Angle of the top-RANK subspace, σ and p relative errors over the top `count` values, against float64 SVD.
+    batched: as the second member of a batched call (refresh_batch), beside another gradient."""
     u, sigma, _ = torch.linalg.svd(grad.double(), full_matrices=False)
-    found = decompose(grad, (0,), solver)
+    if batched:
+        found = decompose_batch(torch.stack([grad.flip(0), grad]), (0,), solver)[1]
+    else:
+        found = decompose(grad, (0,), solver)
     vectors = found.factor(0, slice(0, RANK)).double()
     cosines = torch.linalg.svdvals(u[:, :RANK].T @ vectors).clamp(max=1.0)
     exact, approx = sigma[:count], found.sigma[:count].double()
@@ -44,12 +48,13 @@ def _gradient(spectrum: str) -> torch.Tensor:
     return ((u * SPECTRA[spectrum]) @ v.T).float()
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "batched"])
 @pytest.mark.parametrize("spectrum", list(SPECTRA))
 @pytest.mark.parametrize("solver", ["svd", "gram", "gram64"])
-def test_every_solver_is_exact_over_the_pool(solver, spectrum):
+def test_every_solver_is_exact_over_the_pool(solver, spectrum, batched):
     """Over the top 2r values, every solver gives σ and p to 1e-4 (float32 SVD: ~1e-6); the subspace to float32 SVD's
-    accuracy (the flat spectrum's vectors are barely defined: gaps of 1e-4 between σ's)."""
-    errors = _errors(_gradient(spectrum), solver, 2 * RANK)
+    accuracy (the flat spectrum's vectors are barely defined: gaps of 1e-4 between σ's). Alone and in a batched call."""
+    errors = _errors(_gradient(spectrum), solver, 2 * RANK, batched)
     assert errors["sigma"] < 1e-4 and errors["p"] < 1e-4, errors
     assert errors["angle"] < (0.1 if spectrum == "flat" else 5e-3), errors
 
