@@ -19,9 +19,10 @@ low-rank one, proj_type "std", for the low-rank optimizers) and given fixed, see
 Optimizers: torch.optim.AdamW; bitsandbytes AdamW8bit; galore-torch GaLoreAdamW, GaLoreAdafactor and
 GaLoreAdamW8bit; ours (optimizer_class(backend) with group keys) for projector svd / random / plumage ×
 backend adamw / adamw8bit / adafactor, svd and plumage with each solver ("svd", "gram", "gram64"); "plumage" is the
-paper's estimator (κ = 0) and "plumage default" the plumage_* defaults (κ = 1: before every step a draw from the pool
-of the top 2r vectors, the moments carried to it). One that
-cannot be built or stepped here is reported n/a with the reason.
+paper's estimator (κ = 0) and "plumage draws" PLUMAGE's sampling as the plumage_* options set it (κ = 1: before every
+step a draw from the pool of the top 2r vectors, the moments carried to it; PLUMAGE_SAMPLED for Adam, plumage_adafactor's
+default); "plumage_adamw default" is what plumage_adamw(8bit) runs with no options since session 17 (PLUMAGE_ADAM_RECIPE:
+GaLore's top-r basis, v_floor m2, scale 0.25). One that cannot be built or stepped here is reported n/a with the reason.
 
 How. Each optimizer gets its own copy of the weights; the gradients are shared (no optimizer writes to
 them). Repetitions are interleaved (for each rep, every optimizer steps once) so drift hits all alike,
@@ -53,6 +54,7 @@ import torch
 
 import galore_plumage
 from galore_plumage.optimizers import PLUMAGE_SAMPLED, optimizer_class, optimizer_spec
+from galore_plumage.optimizers.base import PLUMAGE_ADAM_RECIPE
 from galore_plumage.optimizers.memory import state_bytes
 from galore_plumage.optimizers.options import option_defaults
 
@@ -144,6 +146,17 @@ def ours_build(backend: str, projector: str, solver: str | None, default: bool =
     return build
 
 
+def plumage_adam_default_build(backend: str) -> Build:
+    """plumage_adamw(8bit) as it runs with no options: the group keys of PLUMAGE_ADAM_RECIPE (its lr aside: OPTIONS')."""
+    recipe = {key: value for key, value in PLUMAGE_ADAM_RECIPE.items() if key not in ("lr", "scale")}
+
+    def build(params, rank, gap):
+        groups = low_rank_group(params, rank, gap, PLUMAGE_ADAM_RECIPE["scale"], **recipe)
+        return optimizer_class(backend)(groups, **OPTIONS[backend])
+
+    return build
+
+
 def bnb_adamw8bit(params, rank, gap):
     import bitsandbytes
 
@@ -169,8 +182,11 @@ def candidates() -> list[Candidate]:
         for projector, solver in ours:
             label = f"ours {projector}" + (f" ({solver})" if solver else "") + f" / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, projector, solver)))
+        if backend in ("adamw", "adamw8bit"):
+            label = f"ours plumage_{backend} default (svd, v_floor m2) / {backend}"
+            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend)))
         for solver in ("svd", "gram"):
-            label = f"ours plumage default, κ = 1 ({solver}) / {backend}"
+            label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))
     return result
 

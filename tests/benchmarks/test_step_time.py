@@ -1,0 +1,34 @@
+"""benchmarks/step_time.py's row for plumage_adamw's default steps exactly as PlumageAdamW with no options does."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import step_time  # noqa: E402
+
+from galore_plumage import PlumageAdamW, PlumageAdamW8bit  # noqa: E402
+
+
+@pytest.mark.parametrize(("backend", "cls"), [("adamw", PlumageAdamW), ("adamw8bit", PlumageAdamW8bit)])
+def test_the_default_row_is_the_optimizers_default(backend, cls):
+    def run(build):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(48, 32)), torch.nn.Parameter(torch.randn(32, 64))]
+        optimizer = build(params)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            for param in params:
+                param.grad = torch.randn(param.shape, generator=generator)
+            optimizer.step()
+        return params
+
+    row = run(lambda params: step_time.plumage_adam_default_build(backend)(params, 8, 2))
+    default = run(lambda params: cls([{"params": params, "rank": 8, "update_proj_gap": 2, "proj_type": "std"}],
+                                     **step_time.OPTIONS[backend]))
+    for a, b in zip(row, default, strict=True):
+        assert torch.equal(a, b)
