@@ -8,7 +8,8 @@ the kept subspace. For a matrix, mode 0 is GaLore's left side (R = Pᵀ G) and m
     project_back(Z) = scale · (D⁻¹ Z) ×_k F_k           D⁻¹: PLUMAGE's 1/p along the sampled mode
     transition      = {k: B_k = F_newᵀ F_old}           r × r, moves low-rank moments to the new basis
 
-Subclasses only say how a new basis is made (`_new_basis`); the schedule, the guards against bad
+Subclasses only say how a new basis is made (`_new_basis`, or `_basis_from_spectrum` from singular values and
+vectors); the schedule, the guards against bad
 gradients, the adaptive interval, the transition and the state live here.
 """
 
@@ -24,7 +25,7 @@ import torch
 from .checks import check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
 from .interval import next_interval, principal_cosine_mean
 from .signs import aligned_signs
-from .spectrum import Singular, eigh_gram
+from .spectrum import Singular, decompose, eigh_gram
 
 PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
 DEFAULT_TAU_MAX_FACTOR = 4  # tau_max defaults to 4 × update_proj_gap when adaptive_interval is on
@@ -156,7 +157,8 @@ def _splitmix64(x: int) -> int:
 
 
 class Projector:
-    """Base class. Subclasses set the class attributes (the registry reads them) and `_new_basis`."""
+    """Base class. Subclasses set the class attributes (the registry reads them) and `_new_basis` (or, from_spectrum,
+    `_basis_from_spectrum`)."""
 
     name: ClassVar[str] = "base"
     description: ClassVar[str] = ""
@@ -168,7 +170,7 @@ class Projector:
     rescales: ClassVar[bool] = False  # True: project_back applies 1/p of sampled directions (max_inv_p may cap it)
     signed: ClassVar[bool] = False  # True: bases are singular vectors, each defined up to its sign (align_signs)
     # True: a bad gradient's basis is made and then rejected (refresh), so the check costs no host read of its own; only
-    # for a projector whose basis-making tolerates NaN (an SVD does; PLUMAGE's sampling refuses NaN singular values)
+    # for a projector whose basis-making tolerates NaN (an SVD does; PLUMAGE reads the check with σ before sampling)
     checks_after: ClassVar[bool] = False
 
     def __init__(
@@ -251,7 +253,8 @@ class Projector:
 
     # ----------------------------------------------------------------- what subclasses provide
     def _new_basis(self, grad: torch.Tensor, ranks: dict[int, int], generator: torch.Generator) -> Basis | None:
-        """A new basis for `grad` (finite, non-zero, float32/64); None keeps the previous one."""
+        """A new basis for `grad` (float32/64; finite and non-zero unless `checks_after`); None keeps the previous one.
+        A projector that is `from_spectrum` provides _basis_from_spectrum instead: refresh decomposes for it."""
         raise NotImplementedError
 
     def _basis_from_spectrum(self, decomposition, ranks: dict[int, int], generator: torch.Generator) -> Basis | None:
@@ -301,8 +304,13 @@ class Projector:
         ranks = self._rank_per_mode or self._ranks(tuple(grad.shape))
         generator = refresh_generator(self.seed, self.index, self.refresh_count)
         prepared, self._prepared = self._prepared, None
-        if prepared is not None and prepared[1] == step:
-            basis = self._basis_from_spectrum(prepared[0], ranks, generator)
+        if self.from_spectrum:  # singular values and vectors, decomposed here or with other weights (prepare)
+            decomposition = (prepared[0] if prepared is not None and prepared[1] == step
+                             else decompose(grad.detach().to(compute_dtype(grad)), tuple(ranks), self.solver))
+            basis = None
+            if decomposition is not None:
+                basis = self._basis_from_spectrum(decomposition._replace(usable=usable if self.checks_after else None),
+                                                  ranks, generator)
         else:
             basis = self._new_basis(grad.detach().to(compute_dtype(grad)), ranks, generator)
         if basis is None:

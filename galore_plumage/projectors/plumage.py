@@ -23,7 +23,6 @@ import torch
 
 from .base import Basis, Pool, Projector
 from .sampling import inclusion_probabilities, systematic_sample
-from .spectrum import decompose
 
 
 class PlumageProjector(Projector):
@@ -34,14 +33,17 @@ class PlumageProjector(Projector):
     from_spectrum = True
     signed = True
     rescales = True
-
-    def _new_basis(self, grad, ranks, generator):
-        decomposition = decompose(grad, tuple(ranks), self.solver)
-        return None if decomposition is None else self._basis_from_spectrum(decomposition, ranks, generator)
+    checks_after = True  # the check is read with σ, before the draw (which refuses NaN σ)
 
     def _basis_from_spectrum(self, decomposition, ranks, generator):
         ((mode, rank),) = ranks.items()
         sigma = decomposition.sigma
+        device, dtype = sigma.device, sigma.dtype  # of the vectors and of 1/p; σ itself may move to the host below
+        if decomposition.usable is not None:  # the gradient's check comes to the host with σ, which the draw needs there
+            on_host = torch.cat([sigma.double(), decomposition.usable.double().reshape(1)]).cpu()
+            if not on_host[-1]:
+                return None
+            sigma = on_host[:-1]
         if self.resample_every:
             # later draws choose among the top K vectors only, so this refresh's p is the min-variance one for
             # σ[:K]: the estimate is unbiased for G's rank-K truncation (the tail past K is not in the pool)
@@ -53,8 +55,8 @@ class PlumageProjector(Projector):
         if self.resample_every:  # kept even when every slot is (no draw then): a checkpoint's layout stays fixed
             pool, factor = Pool(decomposition.factor(mode, slice(0, sigma.numel())), p).arranged(chosen)
         else:
-            factor = decomposition.factor(mode, chosen.to(sigma.device))
-        inv_p = self._inv_p(chosen_p, sigma.device, sigma.dtype)
+            factor = decomposition.factor(mode, chosen.to(device))
+        inv_p = self._inv_p(chosen_p, device, dtype)
         # max_inv_p in the stats is the estimator's own largest 1/p; "capped" counts the directions the cap cut
         stats = {"r_star": r_star, "min_p": chosen_p.min().item(), "max_inv_p": 1.0 / chosen_p.min().item()}
         if self.max_inv_p is not None:

@@ -94,6 +94,9 @@ def _descending(eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, gram_dtyp
 class Singular(NamedTuple):
     sigma: torch.Tensor  # descending
     factor: Callable[[int, torch.Tensor | slice], torch.Tensor]  # (mode, columns) -> dim_mode × r
+    # whether the decomposed gradient was finite and not zero (a 0-d bool tensor, not yet read; None: known good): a
+    # basis that reads σ on the host reads it with σ and gives up when False (Projector.refresh)
+    usable: torch.Tensor | None = None
 
 
 def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singular | None:

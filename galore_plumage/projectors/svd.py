@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from .base import Basis, Projector
-from .spectrum import decompose
 
 
 class SVDProjector(Projector):
@@ -12,10 +11,6 @@ class SVDProjector(Projector):
     from_spectrum = True
     signed = True
     checks_after = True  # an SVD of a non-finite gradient fails or gives NaN: its basis is rejected after the fact
-
-    def _new_basis(self, grad, ranks, generator):
-        decomposition = decompose(grad, tuple(ranks), self.solver)
-        return None if decomposition is None else self._basis_from_spectrum(decomposition, ranks, generator)
 
     def _basis_from_spectrum(self, decomposition, ranks, generator):
         rank = next(iter(ranks.values()))
