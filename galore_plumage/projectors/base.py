@@ -382,16 +382,16 @@ class Projector:
         if tuple(ranks) != (1,) or gram.shape != (shape[1], shape[1]):
             raise ValueError(f"a Gram Gᵀ G of shape {tuple(gram.shape)} gives right-side (mode 1) bases of a gradient of "
                              f"shape {tuple(shape)}; this projector projects modes {tuple(ranks)}: use proj_type='right'")
-        decomposition = None
-        if bool(torch.isfinite(gram).all()) and gram.diagonal().sum() > 0:
-            decomposition = eigh_gram(gram, dtype, noise_floor=True)
+        # not read here: it travels with the refresh's figures (or PLUMAGE's σ), as in refresh
+        usable = torch.isfinite(gram).all() & (gram.diagonal().sum() > 0)
+        decomposition = eigh_gram(gram, dtype, noise_floor=True)  # None if eigh fails (a NaN Gram may make it fail)
         basis = None
         if decomposition is not None:
             vectors, sigma = decomposition
             generator = refresh_generator(self.seed, self.index, self.refresh_count)
-            basis = self._basis_from_spectrum(Singular(sigma, lambda mode, columns: _row_major(vectors[:, columns])),
-                                              ranks, generator)
-        return self._install_or_skip(basis, shape, ranks, step)
+            spectrum = Singular(sigma, lambda mode, columns: _row_major(vectors[:, columns]), usable)
+            basis = self._basis_from_spectrum(spectrum, ranks, generator)
+        return self._install_or_skip(basis, shape, ranks, step, usable)
 
     def refresh_seeded(self, shape: tuple[int, ...], step: int, dtype: torch.dtype, device: torch.device) -> bool:
         """A new basis that reads nothing of the gradient but its shape (a projector that stores no factors: drawn from
@@ -421,12 +421,12 @@ class Projector:
         basis = self._basis_from_spectrum(spectrum, ranks, refresh_generator(self.seed, self.index, 0))
         self._install_or_skip(basis, shape, ranks, 0)
 
-    def _install_or_skip(self, basis: Basis | None, shape: tuple[int, ...], ranks: dict[int, int], step: int) -> bool:
+    def _install_or_skip(self, basis: Basis | None, shape: tuple[int, ...], ranks: dict[int, int], step: int,
+                         usable: torch.Tensor | None = None) -> bool:
         if basis is None:
             self.stats["skipped_refreshes"] += 1
             return False
-        self.install(basis, tuple(shape), ranks, step)
-        return True
+        return self.install(basis, tuple(shape), ranks, step, usable)
 
     def resample_due(self, step: int) -> bool:
         """True when the sampled rows are to be drawn again before update `step` (never on a refresh's own step, and
