@@ -54,9 +54,20 @@ def gram_eigh(grad: torch.Tensor, mode: int, precise: bool = False) -> tuple[tor
     large relative errors, so PLUMAGE's p over a steep full spectrum are wrong (tests/projectors/test_solver_accuracy.py);
     in float64 σ and p are more accurate than float32 SVD's, and the vectors too.
     """
+    return eigh_gram(_gram(grad, mode, precise), grad.dtype)
+
+
+def _gram(grad: torch.Tensor, mode: int, precise: bool) -> torch.Tensor:
+    """G Gᵀ (mode 0) or Gᵀ G (mode 1) of one matrix or of each of a stack; in float64 when `precise`."""
     source = grad.double() if precise else grad
-    gram = source @ source.T if mode == 0 else source.T @ source
-    return eigh_gram(gram, grad.dtype)
+    return source @ source.mT if mode == 0 else source.mT @ source
+
+
+def _gram_route(shape: tuple[int, ...], modes: tuple[int, ...], solver: str) -> bool:
+    """Whether a gradient whose matrices have `shape` (the last two dims) is decomposed through its Gram: solver
+    "gram"/"gram64", one side projected, and that side the smaller."""
+    m, n = shape[-2:]
+    return solver.startswith("gram") and len(modes) == 1 and (m, n)[modes[0]] <= (m, n)[1 - modes[0]]
 
 
 def eigh_gram(gram: torch.Tensor, dtype: torch.dtype, noise_floor: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -106,7 +117,7 @@ def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singul
     smaller one (the usual case: GaLore's std projects the smaller side); otherwise, and for solver "svd",
     torch.linalg.svd.
     """
-    if solver.startswith("gram") and len(modes) == 1 and grad.shape[modes[0]] <= grad.shape[1 - modes[0]]:
+    if _gram_route(grad.shape, modes, solver):
         result = gram_eigh(grad, modes[0], precise=solver == "gram64")
         if result is None:
             return None
@@ -128,11 +139,9 @@ def decompose_batch(grads: torch.Tensor, modes: tuple[int, ...], solver: str) ->
     routine on each matrix (tests/optimizers/test_batched_refresh.py checks bases bit-identical); a GPU may choose
     another algorithm for a batch. The factors cut out of a member are copies, so nothing keeps the stack alive.
     """
-    mode = modes[0]
     try:
-        if solver.startswith("gram") and len(modes) == 1 and grads.shape[1 + mode] <= grads.shape[2 - mode]:
-            source = grads.double() if solver == "gram64" else grads
-            grams = source @ source.mT if mode == 0 else source.mT @ source
+        if _gram_route(grads.shape, modes, solver):
+            grams = _gram(grads, modes[0], precise=solver == "gram64")
             vectors, sigma = _descending(*torch.linalg.eigh(grams), grams.dtype, grads.dtype, noise_floor=False)
             return [Singular(sigma[i], lambda mode, columns, v=vectors[i]: v[:, columns].clone())
                     for i in range(grads.shape[0])]
