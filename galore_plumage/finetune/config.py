@@ -15,7 +15,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..optimizers import REALIGN_FLAG_HELP, RULES, check_optimizer_options, list_optimizers, optimizer_spec
+from ..optimizers import (
+    PRESET_FLAG_HELP,
+    PRESETS,
+    REALIGN_FLAG_HELP,
+    RULES,
+    check_optimizer_options,
+    list_optimizers,
+    optimizer_spec,
+)
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
 from ..training.config import add_flags, add_option_flags, flag, split_options
@@ -60,6 +68,8 @@ class FinetuneConfig:
     projector: str = flag(None, "override the optimizer's projector (plumage_adamw(8bit): svd since session 17, the "
                                 "pretraining protocol's best; 'plumage' for PLUMAGE's draws)", choices=list_projectors())
     realign: str = flag(None, REALIGN_FLAG_HELP, choices=RULES)
+    preset: str = flag(None, PRESET_FLAG_HELP + "; here --learning_rate and --galore_scale keep this script's defaults",
+                       choices=list(PRESETS))
     # --- LoRA baseline
     peft: str = flag("none", "'lora': train LoRA adapters (peft) on the target modules instead", choices=PEFT_METHODS)
     lora_alpha: float = flag(16.0, "LoRA's alpha (the adapter update is scaled by alpha / r)")
@@ -123,7 +133,7 @@ def resolve(config: FinetuneConfig) -> FinetuneConfig:
                          f"pick a low-rank name such as galore_{spec.backend} or plumage_{spec.backend}")
     if spec.projector is None and (c.projector is not None or c.realign is not None):
         raise ValueError(f"--projector / --realign need a low-rank optimizer; --optimizer {c.optimizer} is full-rank")
-    check_optimizer_options(c.optimizer, c.projector, c.low_rank)
+    check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)
     if c.output_dir is None:
         c.output_dir = str(Path("runs") / f"glue-{c.task_name}-{c.method}")
     return c

@@ -22,9 +22,10 @@ from ..projectors import projector_spec
 from .adafactor import AdafactorBackend, GaLoreAdafactor, PlumageAdafactor
 from .adamw import AdamWBackend, GaLoreAdamW, PlumageAdamW
 from .adamw8bit import AdamW8bitBackend, GaLoreAdamW8bit, PlumageAdamW8bit
-from .base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, PLUMAGE_SAMPLED, Backend, LowRankOptimizer, Update
+from .base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
 from .layerwise import LayerwiseOptimizer
 from .options import BY_KEY, OPTIONS, check_options, option_defaults
+from .presets import PLUMAGE_PAPER, PLUMAGE_SAMPLED, PRESET_FLAG_HELP, PRESETS, fitting_preset
 from .realign import RULES
 from .sampled_step import SAMPLED_STEPS
 from .sgdm import GaLoreSGDM, PlumageSGDM, SGDMomentumBackend
@@ -108,7 +109,10 @@ RECOMMENDED_LR: dict[tuple[str, str], float] = {  # (family, backend) -> lr
 }
 
 
-def recommended_lr(spec: OptimizerSpec) -> float:
+def recommended_lr(spec: OptimizerSpec, preset: str | None = None) -> float:
+    """The lr a name (under `preset`, if given) uses when none is given."""
+    if preset is not None and (chosen := fitting_preset(preset, spec.family, spec.backend, spec.name)).lr is not None:
+        return chosen.lr
     return RECOMMENDED_LR.get((spec.family, spec.backend), DEFAULT_LR)
 
 
@@ -124,6 +128,11 @@ def family_defaults(spec: OptimizerSpec) -> dict:
     if spec.family != "plumage":
         return option_defaults()
     return {key: PLUMAGE_CLASSES[spec.backend].class_defaults.get(key, value) for key, value in option_defaults().items()}
+
+
+def _first_given(*values):
+    """The first value that is not None (None if none is)."""
+    return next((value for value in values if value is not None), None)
 
 
 @dataclass(frozen=True)
@@ -164,13 +173,17 @@ def describe_routing(routes: list[Route], rank: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def check_optimizer_options(name: str, projector: str | None, options: dict, where: str = "--{key} {value}: ") -> None:
-    """Refuse an option of the table (optimizers/options.py) that is malformed or that optimizer `name` (with
-    `projector` overriding its own) would not apply: a full-rank name, a projector or backend it does not fit.
+def check_optimizer_options(name: str, projector: str | None, options: dict, where: str = "--{key} {value}: ",
+                            preset: str | None = None) -> None:
+    """Refuse a preset that does not fit optimizer `name`, and an option of the table (optimizers/options.py) that is
+    malformed or that `name` (with `projector`, or else the preset's, overriding its own) would not apply: a
+    full-rank name, a projector or backend it does not fit.
 
     Command lines call it while checking their flags, so the error comes before any file is written; `where`
     prefixes each message (formatted with the option's key and value)."""
     spec = optimizer_spec(name)
+    if preset is not None:
+        projector = projector or fitting_preset(preset, spec.family, spec.backend, name).settings.get("projector")
     for key, value in options.items():
         if key not in BY_KEY:
             continue
@@ -192,6 +205,7 @@ def build_optimizer(
     proj_type: str = "std",
     projector: str | None = None,
     realign: str | None = None,
+    preset: str | None = None,
     accumulation_steps: int = 1,
     grad_clipping: float = 0.0,
     verbose: bool = False,
@@ -202,16 +216,22 @@ def build_optimizer(
     The weights of nn.Linear modules whose name contains one of `target_modules` form the low-rank group;
     everything else (embeddings, norms, biases, the head) a regular one. `projector=` / `realign=`
     override the name's. `lr` and `scale` default to the name's recommended values (recommended_lr,
-    family_scale); the options of optimizers/options.py to the family's (plumage_* has its own). For the
-    Adafactor names an lr (given or recommended) turns the relative step off (relative_step=False,
-    scale_parameter=False unless passed), so `lr=` works as it does for every other name.
+    family_scale); the options of optimizers/options.py to the family's (plumage_* has its own). A `preset`
+    (optimizers/presets.py: 'paper', 'sampled') replaces those defaults of a plumage_* name; arguments given
+    still win. For the Adafactor names an lr (given or recommended) turns the relative step off
+    (relative_step=False, scale_parameter=False unless passed), so `lr=` works as it does for every other name.
     The routing is kept on the optimizer as `.routing` and printed when verbose.
     """
     spec = optimizer_spec(name)
-    projector = projector if projector is not None else spec.projector
     if spec.projector is None and projector is not None:
         raise ValueError(f"optimizer {name!r} is full-rank; pick a low-rank name (e.g. plumage_{spec.backend}) "
                          f"to use projector={projector!r}")
+    chosen = fitting_preset(preset, spec.family, spec.backend, name) if preset is not None else None
+    settings = chosen.settings if chosen else {}
+    projector = _first_given(projector, settings.get("projector"), spec.projector)
+    realign = _first_given(realign, settings.get("realign"), spec.realign)
+    scale = _first_given(scale, settings.get("scale"), family_scale(spec))
+    lr = _first_given(lr, chosen.lr if chosen else None, RECOMMENDED_LR.get((spec.family, spec.backend)))
     check_optimizer_options(name, projector, options, where="")
     routes = route_parameters(model, target_modules, projector)
     params = dict(model.named_parameters())
@@ -219,13 +239,12 @@ def build_optimizer(
     low_rank = [params[r.name] for r in routes if r.low_rank]
     groups = [{"params": regular}] if regular else []
     if low_rank:
-        family = {key: value for key, value in family_defaults(spec).items() if key not in options}
+        defaults = {**family_defaults(spec), **{key: value for key, value in settings.items() if key in BY_KEY}}
+        family = {key: value for key, value in defaults.items() if key not in options}
         groups.append({
             **family, "params": low_rank, "rank": rank, "update_proj_gap": update_proj_gap, "proj_type": proj_type,
-            "scale": scale if scale is not None else family_scale(spec), "projector": projector,
-            "realign": realign if realign is not None else spec.realign,
+            "scale": scale, "projector": projector, "realign": realign,
         })
-    lr = lr if lr is not None else RECOMMENDED_LR.get((spec.family, spec.backend))
     if lr is not None:  # else the class's own (Adafactor's relative step takes none)
         options["lr"] = lr
         if spec.backend == "adafactor":  # a given lr replaces Adafactor's relative step, as transformers' docs advise
@@ -248,7 +267,10 @@ __all__ = [
     "DEFAULT_LR",
     "LOW_RANK_DEFAULTS",
     "PLUMAGE_DEFAULTS",
+    "PLUMAGE_PAPER",
     "PLUMAGE_SAMPLED",
+    "PRESETS",
+    "PRESET_FLAG_HELP",
     "RECOMMENDED_LR",
     "REALIGN_FLAG_HELP",
     "RULES",

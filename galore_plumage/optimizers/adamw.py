@@ -112,11 +112,9 @@ class PlumageAdamW(LowRankOptimizer):
     the floor V ← max(V, M²) before each low-rank update (v_floor="m2": in effect a slow warm-up, by √(1 − β2^t), of
     the low-rank weights' step), GaLore's recipe scale=0.25 and lr=1e-2, no complement. On llama_tiny it is ahead of
     GaLore's recipe and of PLUMAGE's draws at 600 and at 2000 updates.
-    PLUMAGE's draws, the default of sessions 14-16 and the best PLUMAGE-projector setting measured: **PLUMAGE_SAMPLED
-    (projector="plumage", realign="mv_meansplit", residual="norm_matched", v_floor="none"; with the family's
-    resample_every=1, max_inv_p=1, pool_bf16=True and the complement's residual_* settings).
-    The paper's exact estimator: projector="plumage", max_inv_p=None, resample_every=0, residual="none",
-    realign="mv", v_floor="none" (its documented setting also has scale=1.0 and lr=1e-3)."""
+    The presets (optimizers/presets.py) replace these defaults: PLUMAGE's draws, the default of sessions 14-16 and the
+    best PLUMAGE-projector setting measured, are **PLUMAGE_SAMPLED; the paper's exact estimator is lr=1e-3,
+    **PLUMAGE_PAPER."""
 
     backend = AdamWBackend()
     class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAM_RECIPE}

@@ -53,13 +53,6 @@ PLUMAGE_DEFAULTS: dict[str, Any] = {"projector": "plumage", "realign": "mv", "sc
 # Ahead of GaLore's recipe and of the PLUMAGE-projector default it replaced (PLUMAGE_SAMPLED) at 600 and 2000 updates.
 PLUMAGE_ADAM_RECIPE: dict[str, Any] = {"projector": "svd", "lr": 1e-2, "scale": 0.25, "realign": "none",
                                        **option_defaults("plumage", adam=True)}  # v_floor "m2", residual "none"
-# The default of sessions 14-16, the best PLUMAGE-projector setting measured: PLUMAGE's draws before every update (the
-# plumage_* option defaults: κ = 1, 1/p capped at 1, the pool in bfloat16), the moments' mean and variance carried
-# apart at every draw (LDAdam's mv_meansplit), Fira's complement on the first 10 updates after a refresh (the
-# residual_* defaults), no floor of its own (mv_meansplit floors every row that stays). PlumageAdamW(groups,
-# **PLUMAGE_SAMPLED) or the flags --projector plumage --realign mv_meansplit --residual norm_matched --v_floor none.
-PLUMAGE_SAMPLED: dict[str, Any] = {"projector": "plumage", "realign": "mv_meansplit", "residual": "norm_matched",
-                                   "v_floor": "none"}
 
 
 def projector_options(group: dict, **overrides) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from pathlib import Path
 from ..optimizers import (
     DEFAULT_LR,
     OPTIONS,
+    PRESET_FLAG_HELP,
+    PRESETS,
     REALIGN_FLAG_HELP,
     RECOMMENDED_LR,
     RULES,
@@ -116,6 +118,8 @@ class TrainConfig:
     projector: str = flag(None, "override the optimizer's projector (plumage_adamw(8bit): svd since session 17, the "
                                 "pretraining protocol's best; 'plumage' for PLUMAGE's draws)", choices=list_projectors())
     realign: str = flag(None, REALIGN_FLAG_HELP, choices=RULES)
+    preset: str = flag(None, PRESET_FLAG_HELP + "; it sets --lr and --galore_scale too where they are not given",
+                       choices=list(PRESETS))
     # --- evaluation, checkpoints, logging
     eval_every: int = flag(5_000, "evaluate every this many updates (and at the end)")
     save_every: int = flag(10_000, "checkpoint every this many updates (and at the end)")
@@ -203,7 +207,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     if c.eval_tokens is None:
         c.eval_tokens = LOCAL_EVAL_TOKENS if c.dataset == BUNDLED or is_local_file(c.dataset) else STREAMED_EVAL_TOKENS
     if c.lr is None:
-        c.lr = recommended_lr(optimizer_spec(c.optimizer))
+        c.lr = recommended_lr(optimizer_spec(c.optimizer), c.preset)
     _check_numbers(c)
     _check_combinations(c, world_size)
     _derive_batch(c, world_size)
@@ -248,7 +252,7 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
     if c.single_gpu and world_size > 1:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
     per_layer = optimizer_spec(c.optimizer).per_layer
-    check_optimizer_options(c.optimizer, c.projector, c.low_rank)  # before any file is written
+    check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)  # before any file is written
     if c.fsdp and c.single_gpu:
         raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
                          "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")

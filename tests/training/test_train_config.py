@@ -52,6 +52,7 @@ GALORE_FLAGS = {
 OUR_FLAGS = {
     "projector": (["--projector", "svd"], "svd"),
     "realign": (["--realign", "mv"], "mv"),
+    "preset": (["--preset", "paper"], "paper"),
     "dataset": (["--dataset", "allenai/c4"], "allenai/c4"),
     "tokenizer": (["--tokenizer", "t5-base"], "t5-base"),
     "stop_at": (["--stop_at", "5"], 5),
