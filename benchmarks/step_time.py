@@ -22,7 +22,9 @@ backend adamw / adamw8bit / adafactor, svd and plumage with each solver ("svd", 
 paper's estimator (κ = 0) and "plumage draws" PLUMAGE's sampling as the plumage_* options set it (κ = 1: before every
 step a draw from the pool of the top 2r vectors, the moments carried to it; PLUMAGE_SAMPLED for Adam, plumage_adafactor's
 default); "plumage_adamw default" is what plumage_adamw(8bit) runs with no options since session 17 (PLUMAGE_ADAM_RECIPE:
-GaLore's top-r basis, v_floor m2, scale 0.25). One that cannot be built or stepped here is reported n/a with the reason.
+GaLore's top-r basis, v_floor m2, scale 0.25), "+ foreach" the same with its steady updates taken together (the
+moments of the seven weights advanced in torch._foreach calls). One that cannot be built or stepped here is reported
+n/a with the reason.
 
 How. Each optimizer gets its own copy of the weights; the gradients are shared (no optimizer writes to
 them). Repetitions are interleaved (for each rep, every optimizer steps once) so drift hits all alike,
@@ -146,9 +148,10 @@ def ours_build(backend: str, projector: str, solver: str | None, default: bool =
     return build
 
 
-def plumage_adam_default_build(backend: str) -> Build:
-    """plumage_adamw(8bit) as it runs with no options: the group keys of PLUMAGE_ADAM_RECIPE (its lr aside: OPTIONS')."""
-    recipe = {key: value for key, value in PLUMAGE_ADAM_RECIPE.items() if key not in ("lr", "scale")}
+def plumage_adam_default_build(backend: str, **options) -> Build:
+    """plumage_adamw(8bit) as it runs with no options (the group keys of PLUMAGE_ADAM_RECIPE; its lr aside: OPTIONS'),
+    with `options` on top (foreach=True)."""
+    recipe = {key: value for key, value in PLUMAGE_ADAM_RECIPE.items() if key not in ("lr", "scale")} | options
 
     def build(params, rank, gap):
         groups = low_rank_group(params, rank, gap, PLUMAGE_ADAM_RECIPE["scale"], **recipe)
@@ -185,6 +188,9 @@ def candidates() -> list[Candidate]:
         if backend in ("adamw", "adamw8bit"):
             label = f"ours plumage_{backend} default (svd, v_floor m2) / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend)))
+        if backend == "adamw":  # its steady updates taken together (_foreach calls): the option exists for AdamW
+            label = f"ours plumage_{backend} default + foreach / {backend}"
+            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=True)))
         for solver in ("svd", "gram"):
             label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))

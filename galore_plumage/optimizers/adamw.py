@@ -7,7 +7,7 @@ import math
 import torch
 
 from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
-from .moment_floor import floor_second_moment
+from .moment_floor import floor_second_moment, floor_second_moments
 from .realign import realign_dense
 
 
@@ -50,11 +50,24 @@ class AdamWBackend(Backend):
         if group.get("row_bias_correction") and rows is not None and group["correct_bias"]:
             return Update(row_corrected_direction(state, grad, rows, beta1, beta2, group["eps"]), group["lr"], decay)
         direction = adam_direction(state, grad, beta1, beta2, group["eps"])
-        step_size = group["lr"]
-        if group["correct_bias"]:
-            step = state["step"]
-            step_size *= math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-        return Update(direction, step_size, decay)
+        return Update(direction, _step_size(group, state["step"]), decay)
+
+    def update_together(self, states: list[dict], grads: list[torch.Tensor], group: dict) -> list[Update]:
+        """update() of several low-rank weights of one group, each with its moments and no row_bias_correction, in a
+        few torch._foreach calls for all of them (the same arithmetic, so the same numbers)."""
+        beta1, beta2 = group["betas"]
+        if group["v_floor"] != "none":
+            floor_second_moments(states, "m2" if not group["correct_bias"] else group["v_floor"], beta1, beta2)
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        torch._foreach_mul_(exp_avgs, beta1)
+        torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        denominators = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_add_(denominators, group["eps"])
+        directions = torch._foreach_div(exp_avgs, denominators)
+        decay = group["lr"] * group["weight_decay"]
+        return [Update(direction, _step_size(group, state["step"]), decay) for direction, state in zip(directions, states)]
 
     def realign(self, state, projector, rule):
         if "exp_avg" in state:
@@ -65,6 +78,14 @@ class AdamWBackend(Backend):
             state["row_bias1"] = _along_rows(projector.transport(_as_rows(state["row_bias1"], mode), squared=True))
             if rule != "m":
                 state["row_bias2"] = _along_rows(projector.transport(_as_rows(state["row_bias2"], mode), squared=True))
+
+
+def _step_size(group: dict, step: int) -> float:
+    """The lr, bias-corrected for `step` updates unless correct_bias is off."""
+    if not group["correct_bias"]:
+        return group["lr"]
+    beta1, beta2 = group["betas"]
+    return group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
 
 
 def row_corrected_direction(state: dict, grad: torch.Tensor, rows: int, beta1: float, beta2: float,

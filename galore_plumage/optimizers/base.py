@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 from ..projectors import Projector, build_projector, projector_spec
 from ..projectors.base import Outside, compute_dtype
 from .batched_refresh import prepare_batched_refreshes
+from .multi_tensor import step_together, steady_together
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .placement import WHOLE
 from .realign import check_rule
@@ -293,8 +294,13 @@ class LowRankOptimizer(Optimizer):
                 loss = closure()
         prepare_batched_refreshes(self)  # same-shaped weights due for a refresh: one decomposition call (refresh_batch)
         for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
+            params = [param for param in group["params"] if param.grad is not None]
+            together = steady_together(self, group, params)  # foreach: plain steady updates in _foreach calls
+            if together:
+                step_together(self, group, together, after=resample_if_due)
+            done = {id(param) for param in together}
+            for param in params:
+                if id(param) not in done:
                     self.step_param(param, group, grad=param.grad)
         return loss
 

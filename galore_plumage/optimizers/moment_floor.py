@@ -34,3 +34,13 @@ def floor_second_moment(state: dict, floor: str, beta1: float, beta2: float) -> 
         done = state["step"] - 1  # updates already in the moments
         bound.mul_((1.0 - beta2**done) / (1.0 - beta1**done) ** 2)
     torch.maximum(exp_avg_sq, bound, out=exp_avg_sq)
+
+
+def floor_second_moments(states: list[dict], floor: str, beta1: float, beta2: float) -> None:
+    """floor_second_moment over several states that all hold moments, in torch._foreach calls (the same numbers)."""
+    exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+    bounds = torch._foreach_mul(exp_avgs, exp_avgs)
+    if floor == "m2_corrected":
+        done = [s["step"] - 1 for s in states]
+        torch._foreach_mul_(bounds, [(1.0 - beta2**k) / (1.0 - beta1**k) ** 2 for k in done])
+    torch._foreach_maximum_(exp_avg_sqs, bounds)

@@ -203,6 +203,12 @@ OPTIONS: tuple[Option, ...] = (
            "refresh falls on the same step in one batched torch.linalg call (weights held whole, refresh_ema 0): fewer, "
            "larger calls, for a GPU; the call holds a copy of those gradients; 1 = each weight on its own",
            _check_refresh_batch, (0, -2, 2.5, True, "4", None), parse=int, applies=_needs_spectrum),
+    Option("foreach", False, "adamw: take the plain steady updates of a group's low-rank weights together, their "
+           "moments advanced and weights decayed in a few torch._foreach calls for all of them instead of a dozen "
+           "kernels each, as torch.optim's multi-tensor Adam (for a GPU, where launches cost; the same numbers; not "
+           "in per-layer mode, on FSDP2 shards, or for an update that refreshes, draws with sampled_step "
+           "'norm_matched' or moves the complement, which step one by one)", check_bool("foreach"), ("yes", 1, None),
+           applies=_needs_adamw),
     Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
            "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", check_max_inv_p,
            (0.5, -1.0, math.nan, True, "3"), plumage=1.0, to_projector=True, parse=parse_cap, applies=_needs_rescaling),

@@ -32,3 +32,27 @@ def test_the_default_row_is_the_optimizers_default(backend, cls):
                                      **step_time.OPTIONS[backend]))
     for a, b in zip(row, default, strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_foreach_row_steps_as_the_default_row_and_takes_its_steady_updates_together(monkeypatch):
+    from galore_plumage.optimizers import base
+
+    calls = []
+    real = base.step_together
+    monkeypatch.setattr(base, "step_together", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+
+    def run(build):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(48, 32)) for _ in range(3)]
+        optimizer = build(params, 8, 3)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            for param in params:
+                param.grad = torch.randn(param.shape, generator=generator)
+            optimizer.step()
+        return params
+
+    for a, b in zip(run(step_time.plumage_adam_default_build("adamw", foreach=True)),
+                    run(step_time.plumage_adam_default_build("adamw")), strict=True):
+        assert torch.equal(a, b)
+    assert len(calls) == 3  # the steady updates of the foreach row (steps 2, 3 and 5; refreshes at 1 and 4)

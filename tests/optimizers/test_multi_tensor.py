@@ -1,0 +1,160 @@
+"""foreach: the plain steady updates of a group's low-rank weights taken together train exactly as one by one, launch a
+number of elementwise kernels that does not grow with the number of weights, and leave every other update alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from galore_plumage import PlumageAdamW, build_optimizer
+from galore_plumage.optimizers import PLUMAGE_PAPER, PLUMAGE_SAMPLED, base
+
+
+class Layer(nn.Module):
+    """Four same-shaped projections, two of another shape, one wider than tall, a norm (a full-rank group)."""
+
+    def __init__(self, square: int = 4):
+        super().__init__()
+        self.square = nn.ModuleList(nn.Linear(40, 40, bias=False) for _ in range(square))
+        self.up = nn.ModuleList(nn.Linear(40, 72, bias=False) for _ in range(2))
+        self.down = nn.Linear(72, 40, bias=False)
+        self.norm = nn.LayerNorm(40)
+
+    def matrices(self):
+        return [*self.square.parameters(), *self.up.parameters(), self.down.weight]
+
+
+def train(foreach: bool, steps: int = 12, resting: int | None = None, **options):
+    """`resting`: the index of a weight that gets no gradient on every third step."""
+    torch.manual_seed(0)
+    layer = Layer()
+    groups = [{"params": layer.matrices(), "rank": 6, "update_proj_gap": 4, "foreach": foreach, **options},
+              {"params": list(layer.norm.parameters())}]
+    optimizer = PlumageAdamW(groups, lr=1e-2, weight_decay=0.1)
+    data = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        for param in layer.parameters():
+            param.grad = torch.randn(param.shape, generator=data)
+        if resting is not None and step % 3 == 2:
+            layer.matrices()[resting].grad = None
+        optimizer.step()
+    return layer, optimizer
+
+
+SETTINGS = {
+    "default": {},  # GaLore's top-r basis with v_floor m2
+    "m2_corrected": {"v_floor": "m2_corrected"},
+    "paper": {**PLUMAGE_PAPER, "scale": 0.5},  # PLUMAGE's 1/p rescaled rows
+    # draws after every update; the complement on the first 2 updates after a refresh, which step one by one
+    "sampled": {**PLUMAGE_SAMPLED, "residual_horizon": 2},
+    "random": {"projector": "random", "realign": "m", "v_floor": "none"},
+    "no_bias_correction": {"correct_bias": False},
+}
+
+
+@pytest.mark.parametrize("options", SETTINGS.values(), ids=SETTINGS.keys())
+def test_taken_together_trains_exactly_as_one_by_one(options, monkeypatch):
+    calls = []
+    real = base.step_together
+    monkeypatch.setattr(base, "step_together", lambda opt, group, params, after: calls.append(len(params))
+                        or real(opt, group, params, after))
+    together, together_optimizer = train(True, resting=2, **options)
+    single, single_optimizer = train(False, resting=2, **options)
+    assert calls and max(calls) == 7 and min(calls) >= 2, calls  # every weight of the group, or those not refreshing
+    for a, b in zip(together.parameters(), single.parameters(), strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(together.parameters(), single.parameters(), strict=True):
+        state_a, state_b = together_optimizer.state[a], single_optimizer.state[b]
+        assert state_a.keys() == state_b.keys()
+        for key, value in state_a.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, state_b[key]), key
+            elif key != "projector":
+                assert value == state_b[key], key
+    assert together_optimizer.projector_stats() == single_optimizer.projector_stats()
+
+
+class CountKernels(TorchDispatchMode):
+    """Counts the aten calls that run a kernel over a tensor's elements, leaving out matmuls and views."""
+
+    LEFT_OUT = ("mm", "addmm", "t", "view", "transpose", "permute", "expand", "alias", "detach", "_to_copy")
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__.rstrip("_") not in self.LEFT_OUT:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def elementwise_kernels_of_a_steady_step(square: int, foreach: bool) -> int:
+    torch.manual_seed(0)
+    layer = Layer(square)
+    optimizer = PlumageAdamW([{"params": list(layer.square.parameters()), "rank": 6, "update_proj_gap": 50,
+                               "foreach": foreach}], lr=1e-2, weight_decay=0.1)
+    for _ in range(2):  # a refresh, then a steady update: the moments exist
+        for param in layer.square.parameters():
+            param.grad = torch.randn_like(param)
+        optimizer.step()
+    with CountKernels() as counter:
+        optimizer.step()
+    return counter.count
+
+
+def test_the_elementwise_kernels_of_a_steady_step_do_not_grow_with_the_weights():
+    assert elementwise_kernels_of_a_steady_step(8, True) == elementwise_kernels_of_a_steady_step(4, True)
+    one_by_one = elementwise_kernels_of_a_steady_step(8, False), elementwise_kernels_of_a_steady_step(4, False)
+    assert one_by_one[0] > one_by_one[1] > elementwise_kernels_of_a_steady_step(4, True)
+
+
+def test_updates_that_cannot_be_taken_together_step_one_by_one(monkeypatch):
+    calls = []
+    monkeypatch.setattr(base, "step_together", lambda *args: calls.append(args))
+    for options in ({"row_bias_correction": True, "v_floor": "none"}, {"refresh_ema": 0.5},
+                    {**PLUMAGE_PAPER, "sampled_step": "norm_matched"}):
+        train(True, steps=4, **options)
+        assert not calls, options
+    torch.manual_seed(0)
+    layer = Layer()
+    optimizer = PlumageAdamW([{"params": layer.matrices(), "rank": 6, "foreach": True}], lr=1e-2)
+    optimizer.step_observers.append(lambda *args: None)  # diagnostics see each weight's update on its own
+    for _ in range(3):
+        for param in layer.matrices():
+            param.grad = torch.randn_like(param)
+        optimizer.step()
+    assert not calls
+
+
+def test_per_layer_mode_steps_one_by_one_and_trains_as_without_foreach():
+    def run(foreach):
+        torch.manual_seed(0)
+        layer = Layer()
+        optimizer = build_optimizer("plumage_adamw_per_layer", layer, rank=6, update_proj_gap=2,
+                                    target_modules=("square", "up", "down"), foreach=foreach)
+        data = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            x = torch.randn(5, 40, generator=data)
+            hidden = torch.relu(layer.up[0](sum(linear(x) for linear in layer.square)) + layer.up[1](x))
+            layer.norm(layer.down(hidden)).square().mean().backward()  # each weight steps in its gradient hook
+            optimizer.step()
+            optimizer.zero_grad()
+        return [p.detach().clone() for p in layer.parameters()]
+    together, single = run(True), run(False)
+    assert all(torch.equal(a, b) for a, b in zip(together, single, strict=True))
+    assert not torch.equal(together[0], Layer().square[0].weight)
+
+
+@pytest.mark.parametrize("name", ["plumage_adamw8bit", "plumage_adafactor", "plumage_sgdm"])
+def test_foreach_on_another_backend_is_refused_naming_it(name):
+    with pytest.raises(ValueError, match="foreach=True does not apply here: it needs the adamw backend"):
+        build_optimizer(name, Layer(), rank=6, target_modules=("square",), foreach=True)
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_a_bad_foreach_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="foreach"):
+        PlumageAdamW([{"params": Layer().matrices(), "rank": 6, "foreach": bad}], lr=1e-2)
