@@ -249,6 +249,8 @@ def command_for(optimizer: str, extra: list[str], seed: int, lr: float, args, sa
         "--eval_every", str(args.eval_every), "--save_every", str(args.steps), *rank,
         *gap, "--seed", str(seed), "--eval_tokens", str(args.eval_tokens),
         "--save_dir", str(save_dir), "--no-progress",
+        # another corpus than the bundled one (named only then, so the runs recorded without the flag are reused)
+        *(["--dataset", args.dataset] if args.dataset != "shakespeare" else []),
     ]
 
 
@@ -334,12 +336,14 @@ def per_arm(value):
     return lambda text: {label: value(item) for label, item in (pair.split("=") for pair in text.split(","))}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS), help="comma-separated arm labels")
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     parser.add_argument("--sweep_seed", type=int, default=0)
     parser.add_argument("--model_config", default="configs/llama_tiny.json")
+    parser.add_argument("--dataset", default="shakespeare", help="torchrun_main.py's --dataset: the bundled corpus, or "
+                        "a local .jsonl such as scripts/code_corpus.py writes (docs/gpu_runbook.md)")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch_size", type=int, default=8)
     parser.add_argument("--max_length", type=int, default=64)
@@ -361,14 +365,18 @@ def main() -> None:
                              "or model, where the grid's best may have moved)")
     parser.add_argument("--reference", default=REFERENCE, help="the arm every other is paired against (GaLore's recipe "
                         "at the same refresh interval)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown:
         parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
     for flag, named in (("--pin_lr", args.pin_lr), ("--lr_grid", args.lr_grid)):
         if set(named) - set(args.arms):
             parser.error(f"{flag} names arms not in --arms: {sorted(set(named) - set(args.arms))}")
+    return args
 
+
+def main() -> None:
+    args = parse_args()
     with ThreadPoolExecutor(args.jobs) as pool:  # each run is its own process; threads only wait on them
         # a pinned arm runs only its pinned lr: its sweep would choose nothing
         grids = {label: (args.pin_lr[label],) if label in args.pin_lr else args.lr_grid.get(label, ARMS[label][2])
@@ -384,13 +392,16 @@ def main() -> None:
         seed_jobs = [] if args.sweep_only else [(label, best[label], s) for label in best for s in args.seeds]
         curves = dict(zip(seed_jobs, pool.map(lambda job: ensure(args, *job), seed_jobs), strict=True))
 
-    lines = [f"# Fair pretraining protocol ({Path(args.model_config).stem}, bundled corpus, {args.steps} updates)", "",
-             f"Command: `OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs 2 --arms {','.join(args.arms)} "
+    defaults = vars(parse_args([]))
+    changed = "".join(f" --{key} {args_value}" for key in ("model_config", "dataset", "batch_size", "max_length",
+                                                             "eval_every", "eval_tokens", "runs")
+                      if (args_value := getattr(args, key)) != defaults[key])
+    corpus = "bundled corpus" if args.dataset == defaults["dataset"] else Path(args.dataset).name
+    lines = [f"# Fair pretraining protocol ({Path(args.model_config).stem}, {corpus}, {args.steps} updates)", "",
+             f"Command: `OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs {args.jobs} --arms {','.join(args.arms)} "
              f"--seeds {','.join(map(str, args.seeds))} --steps {args.steps} --rank {args.rank} "
              f"--update_proj_gap {args.update_proj_gap}"
-             + (" --sweep-only" if args.sweep_only else "")
-             + (f" --eval_every {args.eval_every}" if args.eval_every != parser.get_default("eval_every") else "")
-             + (f" --runs {args.runs}" if args.runs != parser.get_default("runs") else "")
+             + (" --sweep-only" if args.sweep_only else "") + changed
              + (f" --reference {args.reference}" if args.reference != REFERENCE else "")
              + (" --pin_lr " + ",".join(f"{k}={v:g}" for k, v in args.pin_lr.items()) if args.pin_lr else "")
              + (" --lr_grid " + ",".join(f"{k}=" + ":".join(f"{v:g}" for v in lrs) for k, lrs in args.lr_grid.items())

@@ -35,3 +35,16 @@ def test_a_pinned_arm_runs_only_its_pinned_lr(monkeypatch, tmp_path):
     report = (tmp_path / "pinned_compare.md").read_text()
     assert "--pin_lr galore_recipe_vfloor=0.014" in report and "galore_recipe_vfloor at 0.014: pinned" in report
     assert "--lr_grid adamw=0.004:0.006" in report and "| adamw | `adamw` | 0.004: 4.0010, 0.006: 4.0010 |" in report
+
+
+def test_another_corpus_is_named_and_the_bundled_one_is_not(tmp_path):
+    """--dataset reaches each run's command; the bundled corpus stays unnamed, so the runs recorded before the flag
+    existed are reused (run_cache compares commands)."""
+    def command(*argv):
+        args = pretrain_protocol.parse_args(list(argv))
+        return pretrain_protocol.command_for("galore_adamw", ["--galore_scale", "0.25"], 0, 1e-2, args, tmp_path)
+
+    assert "--dataset" not in command()
+    named = command("--dataset", "data/code.jsonl", "--model_config", "configs/llama_60m.json")
+    assert named[named.index("--dataset") + 1] == "data/code.jsonl"
+    assert named[named.index("--model_config") + 1] == "configs/llama_60m.json"
