@@ -18,7 +18,8 @@ projection), our `svd` projector (plumage_adamw's default basis since session 17
 galore-torch; "gram": float32 eigh of the smaller Gram; "gram64": the same in float64). Ours refresh through
 Projector.refresh and then project, as an optimizer step does. "batched B" rows (refresh_batch = B): the weights of one
 shape decomposed B at a time in one call (spectrum.decompose_batch on a stack of their gradients), each projector then
-refreshing from its own decomposition (Projector.prepare), as optimizers/batched_refresh.py does; `together` only.
+refreshing from its own decomposition (Projector.prepare): optimizers/batched_refresh.prepare_together, the optimizer's
+own path; `together` only.
 
     python benchmarks/model_refresh.py [--sizes 60m,130m] [--reps 3] [--tau 200] [--device cpu|cuda] [--threads N]
                                        [--out docs/model_refresh.md]
@@ -41,8 +42,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_time import command_line, layer_shapes, machine, random_tensors, synchronize  # noqa: E402 - on sys.path
 
+from galore_plumage.optimizers.batched_refresh import prepare_together  # noqa: E402
 from galore_plumage.projectors import build_projector  # noqa: E402
-from galore_plumage.projectors.spectrum import decompose_batch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = {"60m": 128, "130m": 256, "350m": 256, "1b": 512, "7b": 1024}  # GaLore's published ranks
@@ -93,17 +94,12 @@ def our_refresh(projector: str, rank: int, **options) -> Callable[[torch.Tensor]
 def our_batched_refresh(projector: str, rank: int, batch: int, **options) -> Callable[[list[torch.Tensor]], None]:
     """Refreshes of same-shaped weights from one decompose_batch call per `batch` of them (the optimizer's path)."""
     def refresh(grads):
-        for start in range(0, len(grads), batch):
-            chunk = grads[start:start + batch]
-            built = [build_projector(projector, rank, proj_type="std", update_proj_gap=200, **options) for _ in chunk]
-            modes = tuple(built[0].ranks_for(chunk[0].shape))
-            decompositions = decompose_batch(torch.stack(chunk), modes, built[0].solver) if len(chunk) > 1 else None
-            for index, (one, grad) in enumerate(zip(built, chunk, strict=True)):
-                if decompositions is not None:
-                    one.prepare(decompositions[index], 0)
-                if not one.refresh(grad, 0):
-                    raise RuntimeError(f"{projector} {options} kept no basis for a gradient of shape {tuple(grad.shape)}")
-                one.project(grad)
+        built = [build_projector(projector, rank, proj_type="std", update_proj_gap=200, **options) for _ in grads]
+        prepare_together([(one, grad, 0) for one, grad in zip(built, grads, strict=True)], batch)
+        for one, grad in zip(built, grads, strict=True):
+            if not one.refresh(grad, 0):
+                raise RuntimeError(f"{projector} {options} kept no basis for a gradient of shape {tuple(grad.shape)}")
+            one.project(grad)
 
     return refresh
 

@@ -40,17 +40,25 @@ def prepare_batched_refreshes(optimizer) -> int:
             modes = tuple(projector.ranks_for(grad.shape))
             key = (tuple(grad.shape), compute_dtype(grad), grad.device, modes, projector.solver, group["refresh_batch"])
             due[key].append((projector, grad, step))
+    return sum(prepare_together(members, size) for (*_, size), members in due.items())
+
+
+def prepare_together(members: list[tuple], size: int) -> int:
+    """Decompose the gradients of `members` (projector, gradient, step: one shape, dtype, device, projected side and
+    solver) in batched calls of at most `size`, and hand each projector its decomposition; a lone member is left to
+    its own refresh. Returns the number of batched calls made."""
+    projector, grad, _ = members[0]
+    modes, dtype, solver = tuple(projector.ranks_for(grad.shape)), compute_dtype(grad), projector.solver
     calls = 0
-    for (_, dtype, _, modes, solver, size), members in due.items():
-        for start in range(0, len(members), size):
-            chunk = members[start:start + size]
-            if len(chunk) < 2:
-                continue
-            stack = torch.stack([grad.detach().to(dtype) for _, grad, _ in chunk])
-            decompositions = decompose_batch(stack, modes, solver)
-            calls += 1
-            if decompositions is None:  # a member's gradient broke the call: each refresh decomposes its own
-                continue
-            for (projector, _, step), decomposition in zip(chunk, decompositions, strict=True):
-                projector.prepare(decomposition, step)
+    for start in range(0, len(members), size):
+        chunk = members[start:start + size]
+        if len(chunk) < 2:
+            continue
+        stack = torch.stack([grad.detach().to(dtype) for _, grad, _ in chunk])
+        decompositions = decompose_batch(stack, modes, solver)
+        calls += 1
+        if decompositions is None:  # a member's gradient broke the call: each refresh decomposes its own
+            continue
+        for (projector, _, step), decomposition in zip(chunk, decompositions, strict=True):
+            projector.prepare(decomposition, step)
     return calls
