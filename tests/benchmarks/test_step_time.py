@@ -14,22 +14,24 @@ import step_time  # noqa: E402
 from galore_plumage import PlumageAdamW, PlumageAdamW8bit  # noqa: E402
 
 
+def train(build, shapes=((48, 32), (32, 64))) -> list[torch.Tensor]:
+    """Five steps of the optimizer `build(params)` makes, on seeded gradients; the trained weights."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    optimizer = build(params)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        for param in params:
+            param.grad = torch.randn(param.shape, generator=generator)
+        optimizer.step()
+    return params
+
+
 @pytest.mark.parametrize(("backend", "cls"), [("adamw", PlumageAdamW), ("adamw8bit", PlumageAdamW8bit)])
 def test_the_default_row_is_the_optimizers_default(backend, cls):
-    def run(build):
-        torch.manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(48, 32)), torch.nn.Parameter(torch.randn(32, 64))]
-        optimizer = build(params)
-        generator = torch.Generator().manual_seed(1)
-        for _ in range(5):
-            for param in params:
-                param.grad = torch.randn(param.shape, generator=generator)
-            optimizer.step()
-        return params
-
-    row = run(lambda params: step_time.plumage_adam_default_build(backend)(params, 8, 2))
-    default = run(lambda params: cls([{"params": params, "rank": 8, "update_proj_gap": 2, "proj_type": "std"}],
-                                     **step_time.OPTIONS[backend]))
+    row = train(lambda params: step_time.plumage_adam_default_build(backend)(params, 8, 2))
+    default = train(lambda params: cls([{"params": params, "rank": 8, "update_proj_gap": 2, "proj_type": "std"}],
+                                       **step_time.OPTIONS[backend]))
     for a, b in zip(row, default, strict=True):
         assert torch.equal(a, b)
 
@@ -41,18 +43,9 @@ def test_the_foreach_row_steps_as_the_default_row_and_takes_its_steady_updates_t
     real = base.step_together
     monkeypatch.setattr(base, "step_together", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
 
-    def run(build):
-        torch.manual_seed(0)
-        params = [torch.nn.Parameter(torch.randn(48, 32)) for _ in range(3)]
-        optimizer = build(params, 8, 3)
-        generator = torch.Generator().manual_seed(1)
-        for _ in range(5):
-            for param in params:
-                param.grad = torch.randn(param.shape, generator=generator)
-            optimizer.step()
-        return params
-
-    for a, b in zip(run(step_time.plumage_adam_default_build("adamw", foreach=True)),
-                    run(step_time.plumage_adam_default_build("adamw")), strict=True):
+    three = ((48, 32),) * 3
+    together = train(lambda params: step_time.plumage_adam_default_build("adamw", foreach=True)(params, 8, 3), three)
+    one_by_one = train(lambda params: step_time.plumage_adam_default_build("adamw")(params, 8, 3), three)
+    for a, b in zip(together, one_by_one, strict=True):
         assert torch.equal(a, b)
     assert len(calls) == 3  # the steady updates of the foreach row (steps 2, 3 and 5; refreshes at 1 and 4)
