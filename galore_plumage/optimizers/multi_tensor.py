@@ -28,7 +28,7 @@ def steady_together(optimizer, group: dict, params: list[torch.Tensor]) -> list[
     chosen = []
     for param in params:
         state = optimizer.state[param]
-        if "exp_avg" not in state or not optimizer.held_whole(param):
+        if "exp_avg" not in state or not optimizer.held_whole(param):  # AdamW's moments are made by its first update
             continue
         projector = optimizer.projector_for(param, group)
         step = state["step"]
