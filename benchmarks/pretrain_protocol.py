@@ -398,8 +398,8 @@ def main() -> None:
                       if (args_value := getattr(args, key)) != defaults[key])
     corpus = "bundled corpus" if args.dataset == defaults["dataset"] else Path(args.dataset).name
     lines = [f"# Fair pretraining protocol ({Path(args.model_config).stem}, {corpus}, {args.steps} updates)", "",
-             f"Command: `OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs {args.jobs} --arms {','.join(args.arms)} "
-             f"--seeds {','.join(map(str, args.seeds))} --steps {args.steps} --rank {args.rank} "
+             f"Command: `OMP_NUM_THREADS=1 python benchmarks/pretrain_protocol.py --jobs {args.jobs} "
+             f"--arms {','.join(args.arms)} --seeds {','.join(map(str, args.seeds))} --steps {args.steps} --rank {args.rank} "
              f"--update_proj_gap {args.update_proj_gap}"
              + (" --sweep-only" if args.sweep_only else "") + changed
              + (f" --reference {args.reference}" if args.reference != REFERENCE else "")

@@ -39,8 +39,8 @@ def build_model_and_optimizer(config: FinetuneConfig, num_labels: int, label_nam
     optimizer = build_optimizer(
         config.optimizer, model, lr=config.learning_rate, rank=config.lora_r, target_modules=targets,
         update_proj_gap=config.update_proj_gap, scale=config.galore_scale, proj_type=config.proj_type,
-        projector=config.projector, realign=config.realign, preset=config.preset, weight_decay=config.weight_decay, seed=config.seed,
-        **config.low_rank,
+        projector=config.projector, realign=config.realign, preset=config.preset, weight_decay=config.weight_decay,
+        seed=config.seed, **config.low_rank,
     )
     return model, tokenizer, optimizer
 

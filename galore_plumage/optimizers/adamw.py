@@ -45,8 +45,7 @@ class AdamWBackend(Backend):
         decay = group["lr"] * group["weight_decay"]
         floor = group.get("v_floor", "none")  # a group built by hand (not by an optimizer) may lack the key
         if rows is not None and floor != "none":  # a low-rank weight (the floor is a low-rank group's option)
-            # without bias correction the corrected bound is the raw one
-            floor_second_moment(state, "m2" if not group["correct_bias"] else floor, beta1, beta2)
+            floor_second_moment(state, _floor_rule(group), beta1, beta2)
         if group.get("row_bias_correction") and rows is not None and group["correct_bias"]:
             return Update(row_corrected_direction(state, grad, rows, beta1, beta2, group["eps"]), group["lr"], decay)
         direction = adam_direction(state, grad, beta1, beta2, group["eps"])
@@ -57,7 +56,7 @@ class AdamWBackend(Backend):
         few torch._foreach calls for all of them (the same arithmetic, so the same numbers)."""
         beta1, beta2 = group["betas"]
         if group["v_floor"] != "none":
-            floor_second_moments(states, "m2" if not group["correct_bias"] else group["v_floor"], beta1, beta2)
+            floor_second_moments(states, _floor_rule(group), beta1, beta2)
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         torch._foreach_mul_(exp_avgs, beta1)
         torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
@@ -67,7 +66,8 @@ class AdamWBackend(Backend):
         torch._foreach_add_(denominators, group["eps"])
         directions = torch._foreach_div(exp_avgs, denominators)
         decay = group["lr"] * group["weight_decay"]
-        return [Update(direction, _step_size(group, state["step"]), decay) for direction, state in zip(directions, states)]
+        return [Update(direction, _step_size(group, state["step"]), decay)
+                for direction, state in zip(directions, states, strict=True)]
 
     def realign(self, state, projector, rule):
         if "exp_avg" in state:
@@ -78,6 +78,11 @@ class AdamWBackend(Backend):
             state["row_bias1"] = _along_rows(projector.transport(_as_rows(state["row_bias1"], mode), squared=True))
             if rule != "m":
                 state["row_bias2"] = _along_rows(projector.transport(_as_rows(state["row_bias2"], mode), squared=True))
+
+
+def _floor_rule(group: dict) -> str:
+    """The group's v_floor as applied: without bias correction the corrected bound is the raw one."""
+    return "m2" if not group["correct_bias"] else group["v_floor"]
 
 
 def _step_size(group: dict, step: int) -> float:

@@ -25,7 +25,7 @@ from torch.optim import Optimizer
 from ..projectors import Projector, build_projector, projector_spec
 from ..projectors.base import Outside, compute_dtype
 from .batched_refresh import prepare_batched_refreshes
-from .multi_tensor import step_together, steady_together
+from .multi_tensor import steady_together, step_together
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .placement import WHOLE
 from .realign import check_rule

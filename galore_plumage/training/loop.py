@@ -67,8 +67,8 @@ def make_optimizer(config: TrainConfig, model: torch.nn.Module):
     """The run's optimizer over `model`, from the command line's optimizer flags."""
     return build_optimizer(
         config.optimizer, model, rank=config.rank, update_proj_gap=config.update_proj_gap, scale=config.galore_scale,
-        proj_type=config.proj_type, projector=config.projector, realign=config.realign,
-        preset=config.preset, accumulation_steps=config.gradient_accumulation, grad_clipping=config.grad_clipping, **optimizer_options(config),
+        proj_type=config.proj_type, projector=config.projector, realign=config.realign, preset=config.preset,
+        accumulation_steps=config.gradient_accumulation, grad_clipping=config.grad_clipping, **optimizer_options(config),
     )
 
 
