@@ -4,10 +4,10 @@ What is measured. The seven nn.Linear weights of one Llama decoder layer (q, k, 
 down: h×i, as (out, in)) at GaLore's 60M, 130M and 350M sizes, held by one optimizer as a single group (a
 low-rank one, proj_type "std", for the low-rank optimizers) and given fixed, seeded random fp32 gradients:
 
-    steady     one step that does not refresh the projection (update_proj_gap = 10**9; one warm-up step
-               first, which builds the basis and the moments)
-    refresh    one step that refreshes it (update_proj_gap = 1: every step refreshes and realigns; one
-               warm-up step first, so realignment has a previous basis to work from)
+    steady     one step that does not refresh the projection (update_proj_gap = 10**9; two warm-up steps
+               first, which build the basis and the moments, and compile what compile_update compiles)
+    refresh    one step that refreshes it (update_proj_gap = 1: every step refreshes and realigns; two
+               warm-up steps first, so realignment has a previous basis to work from)
     amortized  (refresh + (τ − 1)·steady) / τ with τ = 200, GaLore's update_proj_gap
     state      bytes of every tensor in optimizer.state, nested dicts and lists included (our
                state[p]["projector"]), and galore-torch's projector objects' ortho_matrix, counted as the
@@ -23,7 +23,8 @@ paper's estimator (κ = 0) and "plumage draws" PLUMAGE's sampling as the plumage
 step a draw from the pool of the top 2r vectors, the moments carried to it; PLUMAGE_SAMPLED for Adam, plumage_adafactor's
 default); "plumage_adamw default" is what plumage_adamw(8bit) runs with no options since session 17 (PLUMAGE_ADAM_RECIPE:
 GaLore's top-r basis, v_floor m2, scale 0.25), "+ foreach" the same with its steady updates taken together (the
-moments of the seven weights advanced in torch._foreach calls). One that cannot be built or stepped here is reported
+moments of the seven weights advanced in torch._foreach calls), "+ compile_update" the same with each weight's moment
+update one torch.compile'd kernel (compiled in the warm-up steps). One that cannot be built or stepped here is reported
 n/a with the reason.
 
 How. Each optimizer gets its own copy of the weights; the gradients are shared (no optimizer writes to
@@ -191,6 +192,8 @@ def candidates() -> list[Candidate]:
         if backend == "adamw":  # its steady updates taken together (_foreach calls): the option exists for AdamW
             label = f"ours plumage_{backend} default + foreach / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=True)))
+            label = f"ours plumage_{backend} default + compile_update / {backend}"
+            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, compile_update=True)))
         for solver in ("svd", "gram"):
             label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))
@@ -224,10 +227,12 @@ def step_once(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grad
 
 
 def build_and_warm(candidate: Candidate, grads, rank: int, gap: int, device) -> tuple[Callable[[], None], tuple]:
-    """The candidate's timed step (after one warm-up step) and its state bytes after the warm-up."""
+    """The candidate's timed step (after two warm-up steps: the first makes the moments, the second is the first to
+    update them, so what compile_update compiles is compiled by then) and its state bytes after the warm-up."""
     params = [torch.nn.Parameter(w) for w in random_tensors([g.shape for g in grads], device, SEED + 1, 0.02)]
     optimizer = candidate.build(params, rank, gap)
-    step_once(optimizer, params, grads)
+    for _ in range(2):
+        step_once(optimizer, params, grads)
     synchronize(device)
     return (lambda: step_once(optimizer, params, grads)), state_bytes(dict(optimizer.state))
 

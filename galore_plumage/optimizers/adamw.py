@@ -7,7 +7,8 @@ import math
 import torch
 
 from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
-from .moment_floor import floor_second_moment, floor_second_moments
+from .compiled_update import compiled_moments_and_direction
+from .moment_floor import corrected_bound, floor_second_moment, floor_second_moments
 from .realign import realign_dense
 
 
@@ -39,11 +40,18 @@ class AdamWBackend(Backend):
         if group.get("v_floor") == "m2_corrected" and group.get("row_bias_correction"):
             raise ValueError("v_floor='m2_corrected' bounds V by the global bias correction, which "
                              "row_bias_correction=True replaces per row: drop one of them")
+        if group.get("compile_update") and (group.get("foreach") or group.get("row_bias_correction")):
+            other = "foreach" if group.get("foreach") else "row_bias_correction"
+            raise ValueError(f"compile_update=True fuses one weight's plain AdamW update; {other}=True takes another "
+                             f"path: drop one of them")
 
     def update(self, state, grad, group, param, rows=None):
         beta1, beta2 = group["betas"]
         decay = group["lr"] * group["weight_decay"]
         floor = group.get("v_floor", "none")  # a group built by hand (not by an optimizer) may lack the key
+        if group.get("compile_update"):
+            return Update(_compiled_direction(state, grad, group, rows is not None and floor != "none"),
+                          _step_size(group, state["step"]), decay)
         if rows is not None and floor != "none":  # a low-rank weight (the floor is a low-rank group's option)
             floor_second_moment(state, _floor_rule(group), beta1, beta2)
         if group.get("row_bias_correction") and rows is not None and group["correct_bias"]:
@@ -78,6 +86,19 @@ class AdamWBackend(Backend):
             state["row_bias1"] = _along_rows(projector.transport(_as_rows(state["row_bias1"], mode), squared=True))
             if rule != "m":
                 state["row_bias2"] = _along_rows(projector.transport(_as_rows(state["row_bias2"], mode), squared=True))
+
+
+def _compiled_direction(state: dict, grad: torch.Tensor, group: dict, floored: bool) -> torch.Tensor:
+    """adam_direction (after the group's v_floor when `floored`) as one compiled kernel (compile_update)."""
+    beta1, beta2 = group["betas"]
+    floor_scale = None
+    if "exp_avg" not in state:  # the first update: zero moments, which no floor moves
+        state["exp_avg"] = torch.zeros_like(grad)
+        state["exp_avg_sq"] = torch.zeros_like(grad)
+    elif floored:
+        floor_scale = 1.0 if _floor_rule(group) == "m2" else corrected_bound(state["step"], beta1, beta2)
+    return compiled_moments_and_direction(state["exp_avg"], state["exp_avg_sq"], grad, beta1, beta2, group["eps"],
+                                          floor_scale)
 
 
 def _floor_rule(group: dict) -> str:

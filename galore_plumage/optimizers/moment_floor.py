@@ -31,7 +31,7 @@ def floor_second_moment(state: dict, floor: str, beta1: float, beta2: float) -> 
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
     bound = exp_avg.square()
     if floor == "m2_corrected":
-        bound.mul_(_corrected_bound(state["step"], beta1, beta2))
+        bound.mul_(corrected_bound(state["step"], beta1, beta2))
     torch.maximum(exp_avg_sq, bound, out=exp_avg_sq)
 
 
@@ -40,11 +40,11 @@ def floor_second_moments(states: list[dict], floor: str, beta1: float, beta2: fl
     exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
     bounds = torch._foreach_mul(exp_avgs, exp_avgs)
     if floor == "m2_corrected":
-        torch._foreach_mul_(bounds, [_corrected_bound(s["step"], beta1, beta2) for s in states])
+        torch._foreach_mul_(bounds, [corrected_bound(s["step"], beta1, beta2) for s in states])
     torch._foreach_maximum_(exp_avg_sqs, bounds)
 
 
-def _corrected_bound(step: int, beta1: float, beta2: float) -> float:
+def corrected_bound(step: int, beta1: float, beta2: float) -> float:
     """m2_corrected's factor on M²: (1 − β2^k) / (1 − β1^k)² for the k = step − 1 updates already in the moments."""
     done = step - 1
     return (1.0 - beta2**done) / (1.0 - beta1**done) ** 2

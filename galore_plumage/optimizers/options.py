@@ -209,6 +209,10 @@ OPTIONS: tuple[Option, ...] = (
            "in per-layer mode, on FSDP2 shards, or for an update that refreshes, draws with sampled_step "
            "'norm_matched' or moves the complement, which step one by one)", check_bool("foreach"), ("yes", 1, None),
            applies=_needs_adamw),
+    Option("compile_update", False, "adamw: fuse each weight's moment update (v_floor, M, V and Adam's direction) into "
+           "one kernel with torch.compile instead of about ten (needs a C++ compiler on a CPU, Triton on a GPU; the "
+           "first updates pay the compilation, seconds; the same numbers to float rounding; not with foreach or "
+           "row_bias_correction)", check_bool("compile_update"), ("yes", 1, None), applies=_needs_adamw),
     Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
            "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", check_max_inv_p,
            (0.5, -1.0, math.nan, True, "3"), plumage=1.0, to_projector=True, parse=parse_cap, applies=_needs_rescaling),

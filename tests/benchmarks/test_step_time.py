@@ -49,3 +49,16 @@ def test_the_foreach_row_steps_as_the_default_row_and_takes_its_steady_updates_t
     for a, b in zip(together, one_by_one, strict=True):
         assert torch.equal(a, b)
     assert len(calls) == 3  # the steady updates of the foreach row (steps 2, 3 and 5; refreshes at 1 and 4)
+
+
+def test_the_compile_update_row_steps_as_the_default_row_through_the_compiled_update(monkeypatch):
+    from galore_plumage.optimizers import adamw
+
+    calls = []
+    real = adamw.compiled_moments_and_direction
+    monkeypatch.setattr(adamw, "compiled_moments_and_direction", lambda *args: calls.append(1) or real(*args))
+    compiled = train(lambda params: step_time.plumage_adam_default_build("adamw", compile_update=True)(params, 8, 3))
+    eager = train(lambda params: step_time.plumage_adam_default_build("adamw")(params, 8, 3))
+    for a, b in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert len(calls) == 2 * 5  # both weights, every step

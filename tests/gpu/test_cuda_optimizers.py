@@ -157,3 +157,27 @@ def test_foreach_on_cuda_matches_one_by_one_without_synchronising():
         return torch.cat([w.detach().flatten() for w in weights]) - start
 
     assert relative_difference(run(True, sync_check=True), run(False)) < FP32_RTOL
+
+
+def test_compile_update_on_cuda_matches_eager_without_synchronising():
+    """compile_update on CUDA (Triton): the fused kernel rounds once where eager rounds twice, so the updates agree to
+    float32 rounding (tests/optimizers/test_compiled_update.py on CPU); a steady update waits on the GPU not at all."""
+    from galore_plumage import PlumageAdamW
+
+    def run(compile_update, sync_check=False):
+        torch.manual_seed(0)
+        weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
+        start = torch.cat([w.detach().flatten() for w in weights])
+        optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 3, "compile_update": compile_update,
+                                   "align_signs": True}], weight_decay=0.1)
+        generator = torch.Generator(device="cuda").manual_seed(1)
+        for step in range(7):
+            for weight in weights:
+                weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
+            if sync_check and step == 4:  # a steady update (refreshes at 0, 3, 6), compiled by then
+                assert _synchronisations(optimizer.step) == 0
+            else:
+                optimizer.step()
+        return torch.cat([w.detach().flatten() for w in weights]) - start
+
+    assert relative_difference(run(True, sync_check=True), run(False)) < FP32_RTOL

@@ -25,6 +25,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "stagger": (["--stagger"], True),
     "refresh_batch": (["--refresh_batch", "8"], 8),
     "foreach": (["--foreach"], True),
+    "compile_update": (["--compile_update"], True),
     "solver": (["--solver", "gram"], "gram"),
     "max_inv_p": (["--max_inv_p", "3"], 3.0),
     "sampled_step": (["--sampled_step", "norm_matched"], "norm_matched"),

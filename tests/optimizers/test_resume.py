@@ -159,7 +159,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
         "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
         "sampled_step", "row_bias_correction", "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
         "residual_limiter", "residual_scale", "residual_cap", "residual_horizon", "refresh_ema", "v_floor", "refresh_batch",
-        "foreach",
+        "foreach", "compile_update",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq", "projector", "residual_norm"}  # the complement's limiter
