@@ -34,7 +34,9 @@ def principal_cosine_mean(old: torch.Tensor, new: torch.Tensor, max_columns: int
     columns = min(max_columns, old.shape[1], new.shape[1])
     q_old = torch.linalg.qr(old[:, :columns].double()).Q
     q_new = torch.linalg.qr(new[:, :columns].to(q_old.device).double()).Q
-    return torch.linalg.svdvals(q_old.T @ q_new).clamp(max=1.0).mean()
+    # a basis from a non-finite gradient (an eigh of its Gram returns NaN where an SVD fails) is rejected with this
+    # figure, read together with the check (checks_after): svdvals, which raises on NaN, must not stop the refresh first
+    return torch.linalg.svdvals(torch.nan_to_num(q_old.T @ q_new, nan=0.0)).clamp(max=1.0).mean()
 
 
 def next_interval(rho: float, tau: int, tau_min: int, tau_max: int) -> int:

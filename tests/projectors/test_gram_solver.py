@@ -63,6 +63,20 @@ def test_svd_projector_with_gram_spans_the_same_subspace(spectral_matrix):
     torch.testing.assert_close(backs[1], backs[0], rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("solver", ["gram", "gram64"])
+def test_a_non_finite_gradient_keeps_the_basis_through_the_gram(solver):
+    """eigh of a NaN Gram returns NaN where an SVD raises: the basis made from it is rejected with the refresh's
+    check, and measuring how far it moved (ρ) must not raise first (it did before session 20)."""
+    g = torch.randn(40, 72, generator=torch.Generator().manual_seed(2))  # LAPACK's eigh raises on NaN below n = 26 only
+    projector = SVDProjector(K, proj_type="std", update_proj_gap=10, solver=solver)
+    assert projector.refresh(g, 0)
+    basis = projector.factors[0].clone()
+    bad = g.clone()
+    bad[3, 5] = float("nan")
+    assert not projector.refresh(bad, 10)
+    assert torch.equal(projector.factors[0], basis) and projector.stats["skipped_refreshes"] == 1
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_plumage_with_gram_is_unbiased_with_the_closed_form_variance(spectral_matrix, check_draws, side):
     """Over refreshes, project_back(project(G)) averages to G, and its mean squared error is Σ(1/p − 1)σ²."""
