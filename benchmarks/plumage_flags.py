@@ -26,19 +26,21 @@ def plumage_flags(**options) -> list[str]:
 
 
 # What plumage_* used before session 17 made the Adam ones' default the top-r basis with the floor (projector svd,
-# v_floor m2): a benchmark names it on every plumage_* arm (with_family_pins), and a run recorded without these flags
-# ran with these values (run_cache reads this table to reuse it).
-FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none"}
+# v_floor m2), and before session 20 made their refresh the eigh of the Gram (solver gram): a benchmark names it on
+# every plumage_* arm (with_family_pins), and a run recorded without these flags ran with these values (run_cache reads
+# this table to reuse it).
+FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none", "--solver": "svd"}
 
 
 def family_pins(optimizer: str) -> list[str]:
-    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor ([] for other names); --v_floor
-    only where the options table lets the backend take it (the others refuse the flag)."""
+    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor, refreshed by SVD ([] for other
+    names); --v_floor only where the options table lets the backend take it (the others refuse the flag)."""
     spec = optimizer_spec(optimizer)
     if spec.family != "plumage":
         return []
     floors = BY_KEY["v_floor"].applies(spec.backend, None) is None
-    return ["--projector", FAMILY_PINS["--projector"]] + (["--v_floor", FAMILY_PINS["--v_floor"]] if floors else [])
+    return (["--projector", FAMILY_PINS["--projector"]] + (["--v_floor", FAMILY_PINS["--v_floor"]] if floors else [])
+            + ["--solver", FAMILY_PINS["--solver"]])
 
 
 def with_family_pins(optimizer: str, flags: list[str]) -> list[str]:

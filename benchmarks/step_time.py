@@ -22,10 +22,10 @@ backend adamw / adamw8bit / adafactor, svd and plumage with each solver ("svd", 
 paper's estimator (κ = 0) and "plumage draws" PLUMAGE's sampling as the plumage_* options set it (κ = 1: before every
 step a draw from the pool of the top 2r vectors, the moments carried to it; PLUMAGE_SAMPLED for Adam, plumage_adafactor's
 default); "plumage_adamw default" is what plumage_adamw(8bit) runs with no options since session 17 (PLUMAGE_ADAM_RECIPE:
-GaLore's top-r basis, v_floor m2, scale 0.25), "+ foreach" the same with its steady updates taken together (the
-moments of the seven weights advanced in torch._foreach calls), "+ compile_update" the same with each weight's moment
-update one torch.compile'd kernel (compiled in the warm-up steps). One that cannot be built or stepped here is reported
-n/a with the reason.
+GaLore's top-r basis, v_floor m2, scale 0.25; refreshed through the Gram's eigh, solver "auto", since session 20),
+"+ foreach" the same with its steady updates taken together (the moments of the seven weights advanced in
+torch._foreach calls), "+ compile_update" the same with each weight's moment update one torch.compile'd kernel
+(compiled in the warm-up steps). One that cannot be built or stepped here is reported n/a with the reason.
 
 How. Each optimizer gets its own copy of the weights; the gradients are shared (no optimizer writes to
 them). Repetitions are interleaved (for each rep, every optimizer steps once) so drift hits all alike,
@@ -187,7 +187,7 @@ def candidates() -> list[Candidate]:
             label = f"ours {projector}" + (f" ({solver})" if solver else "") + f" / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, projector, solver)))
         if backend in ("adamw", "adamw8bit"):
-            label = f"ours plumage_{backend} default (svd, v_floor m2) / {backend}"
+            label = f"ours plumage_{backend} default (svd basis, solver auto = gram, v_floor m2) / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend)))
         if backend == "adamw":  # its steady updates taken together (_foreach calls): the option exists for AdamW
             label = f"ours plumage_{backend} default + foreach / {backend}"

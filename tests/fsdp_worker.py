@@ -98,7 +98,7 @@ def build(name: str, wide: bool, sharded: bool, proj_type: str):
     # singular values stay at ε·σ₁ (the sharded route zeroes them: spectrum.eigh_gram's noise floor)
     solver = "gram" if dtype == torch.float64 else "svd"
     optimizer = build_optimizer(OPTIMIZER_OF.get(name, name), model, rank=RANK, update_proj_gap=GAP,
-                                proj_type=proj_type, solver=solver, **OPTIONS[name])
+                                proj_type=proj_type, **{**OPTIONS[name], "solver": solver})
     return model, optimizer
 
 

@@ -172,6 +172,8 @@ class Projector:
     # True: a bad gradient's basis is made and then rejected (refresh), so the check costs no host read of its own; only
     # for a projector whose basis-making tolerates NaN (an SVD does; PLUMAGE reads the check with σ before sampling)
     checks_after: ClassVar[bool] = False
+    # what solver="auto" means for this projector: the fastest solver whose spectrum is accurate where its basis reads it
+    auto_solver: ClassVar[str] = "svd"
 
     def __init__(
         self,
@@ -227,7 +229,7 @@ class Projector:
         self.seed, self.index = int(seed), int(index)
         self.adaptive_interval, self.tau_min, self.tau_max = bool(adaptive_interval), update_proj_gap, tau_max
         self.tau = update_proj_gap
-        self.solver = solver
+        self.solver = self.auto_solver if solver == "auto" else solver
         self.max_inv_p = None if max_inv_p is None or max_inv_p == math.inf else float(max_inv_p)  # inf: no cap
         self.resample_every, self.pool_factor, self.pool_bf16 = resample_every, pool_factor, pool_bf16
         # the dtype projections are computed in (float32, or float64 for float64 gradients): the factors' own dtype,

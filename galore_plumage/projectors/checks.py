@@ -11,7 +11,7 @@ from typing import Any
 # how SVD-based projectors get singular vectors: "svd" = torch.linalg.svd (galore-torch's call, bit-exact parity);
 # "gram" = eigh of the projected side's Gram matrix when that side is the smaller one (several times faster);
 # "gram64" = the same in float64: more accurate than either float32 route, at about twice gram's cost on a CPU
-SOLVERS = ("svd", "gram", "gram64")
+SOLVERS = ("svd", "gram", "gram64", "auto")
 
 
 def check_max_inv_p(value) -> None:

@@ -34,6 +34,7 @@ class PlumageProjector(Projector):
     signed = True
     rescales = True
     checks_after = True  # the check is read with σ, before the draw (which refuses NaN σ)
+    auto_solver = "svd"  # p over the whole spectrum: float32 Gram loses the tail's σ (gram64 keeps it, at 0.6x an SVD)
 
     def _basis_from_spectrum(self, decomposition, ranks, generator):
         ((mode, rank),) = ranks.items()

@@ -35,28 +35,31 @@ def test_a_run_recorded_by_another_copy_is_reused_and_a_changed_one_is_not(tmp_p
 
 
 def test_a_plumage_run_recorded_before_its_family_was_pinned_is_reused_only_at_the_old_defaults(tmp_path):
-    """Since session 17 every plumage_* arm names `--projector plumage` (and, for Adam, `--v_floor none`): a run
-    recorded without them ran with exactly those values, so it is reused; a record that names them otherwise, or a
-    pin with another value, is not the same run."""
+    """Since session 17 every plumage_* arm names `--projector plumage` (and, for Adam, `--v_floor none`), since
+    session 20 `--solver svd`: a run recorded without them ran with exactly those values, so it is reused; a record that
+    names them otherwise, or a pin with another value, is not the same run."""
     from plumage_flags import family_pins, with_family_pins
 
     out = tmp_path / "runs" / "arm" / "seed0"
     old = ["python", "torchrun_main.py", "--optimizer", "plumage_adamw", "--max_inv_p", "1", "--save_dir", str(out)]
     _finished(out, old)
     pinned = [*old[:6], *family_pins("plumage_adamw"), *old[6:]]
-    assert pinned[6:10] == ["--projector", "plumage", "--v_floor", "none"]
+    assert pinned[6:12] == ["--projector", "plumage", "--v_floor", "none", "--solver", "svd"]
     assert run_or_reuse(pinned, out, _result, "arm", report_only=True) == 4.9
     floored = [*old[:6], "--projector", "plumage", "--v_floor", "m2", *old[6:]]
     assert run_or_reuse(floored, out, _result, "arm", report_only=True) is None
     top_r = [*old[:6], "--projector", "svd", *old[6:]]
     assert run_or_reuse(top_r, out, _result, "arm", report_only=True) is None
+    gram = [*old[:6], "--projector", "plumage", "--solver", "gram", *old[6:]]
+    assert run_or_reuse(gram, out, _result, "arm", report_only=True) is None
     # a GaLore run is never matched by dropping flags
     galore = ["python", "torchrun_main.py", "--optimizer", "galore_adamw", "--save_dir", str(out)]
     _finished(tmp_path / "g", galore)
     assert run_or_reuse([*galore[:4], "--v_floor", "none", *galore[4:]], tmp_path / "g", _result, "g",
                         report_only=True) is None
-    # the pins: Adam backends get both, the others only the projector (they refuse v_floor); an arm's own value stays
-    assert family_pins("plumage_adafactor") == ["--projector", "plumage"]
-    assert family_pins("plumage_adamw8bit_per_layer")[-2:] == ["--v_floor", "none"]
+    # the pins: Adam backends get all three, the others no v_floor (they refuse it); an arm's own value stays
+    assert family_pins("plumage_adafactor") == ["--projector", "plumage", "--solver", "svd"]
+    assert family_pins("plumage_adamw8bit_per_layer")[-4:] == ["--v_floor", "none", "--solver", "svd"]
     assert family_pins("galore_adamw") == []
-    assert with_family_pins("plumage_adamw", ["--v_floor", "m2"]) == ["--v_floor", "m2", "--projector", "plumage"]
+    assert with_family_pins("plumage_adamw", ["--v_floor", "m2"]) == ["--v_floor", "m2", "--projector", "plumage",
+                                                                      "--solver", "svd"]

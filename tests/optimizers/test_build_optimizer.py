@@ -226,10 +226,11 @@ def test_adafactor_keeps_its_relative_step_without_an_lr_and_refuses_both():
 
 
 def test_the_plumage_adamw_default_is_the_protocols_galore_plus_floor_arm():
-    """benchmarks/pretrain_protocol.py measures the default as `galore_adamw --galore_scale 0.25 --v_floor m2`: the two
-    must be the same run, bit for bit, across refreshes (the plumage family's PLUMAGE-only defaults stay inert)."""
+    """benchmarks/pretrain_protocol.py measures the default as `galore_adamw --galore_scale 0.25 --v_floor m2 --solver
+    gram` (arm galore_recipe_vfloor_gram): the two must be the same run, bit for bit, across refreshes (the plumage
+    family's PLUMAGE-only defaults stay inert)."""
     weights = []
-    for name, options in (("plumage_adamw", {}), ("galore_adamw", {"v_floor": "m2", "lr": 1e-2})):
+    for name, options in (("plumage_adamw", {}), ("galore_adamw", {"v_floor": "m2", "solver": "gram", "lr": 1e-2})):
         model = _model()
         optimizer = build_optimizer(name, model, rank=4, update_proj_gap=2, **options)
         generator = torch.Generator().manual_seed(0)

@@ -189,7 +189,7 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
     # the values of the runs written before those keys
     paper = {"projector": "plumage", "realign": "mv", "sampled_step": "adaptive", "max_inv_p": None,
-             "row_bias_correction": False, "resample_every": 0, "residual": "none", "v_floor": "none"}
+             "row_bias_correction": False, "resample_every": 0, "residual": "none", "v_floor": "none", "solver": "svd"}
     optimizer = build_optimizer("plumage_adamw", model, rank=4, update_proj_gap=GAP, lr=1e-2, **paper)
     for _ in range(SAVE_AFTER):
         _step(model, optimizer, generator)

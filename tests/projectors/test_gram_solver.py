@@ -104,6 +104,29 @@ def test_solver_reaches_the_projectors_and_bad_values_are_named():
         build_optimizer("plumage_adamw", model, lr=1e-3, rank=4, solver="qr")
 
 
+@pytest.mark.parametrize(("name", "options", "expected"), [
+    ("plumage_adamw", {}, "gram"),  # the default: GaLore's top-r basis, solver "auto"
+    ("plumage_adamw8bit", {}, "gram"),
+    ("plumage_adamw", {"projector": "plumage"}, "svd"),  # PLUMAGE's p read the whole spectrum
+    ("galore_adamw", {}, "svd"),  # galore-torch's call, so its bases stay galore-torch's
+    ("galore_adamw", {"solver": "auto"}, "gram"),
+    ("plumage_adafactor", {}, "svd"),
+])
+def test_auto_solver_is_the_gram_for_the_top_r_and_the_svd_for_plumages_spectrum(name, options, expected, monkeypatch):
+    calls = []
+    real_svd, real_gram = spectrum_module.thin_svd, spectrum_module.gram_eigh
+    monkeypatch.setattr(spectrum_module, "thin_svd", lambda m: calls.append("svd") or real_svd(m))
+    monkeypatch.setattr(spectrum_module, "gram_eigh",
+                        lambda m, k, precise=False: calls.append("gram64" if precise else "gram") or real_gram(m, k))
+    model = torch.nn.Sequential()
+    model.add_module("attn", torch.nn.Linear(32, 16))
+    optimizer = build_optimizer(name, model, lr=1e-3, rank=4, **options)
+    model(torch.randn(40, 32)).square().sum().backward()
+    optimizer.step()
+    projector = optimizer.projector_for(model.attn.weight, optimizer.param_groups[-1])
+    assert projector.ready and projector.solver == expected and calls == [expected]
+
+
 # ----------------------------------------------------------------- Projector.refresh_from_gram (FSDP2's refresh)
 def test_refresh_from_gram_gives_the_basis_of_the_gradient(spectral_matrix):
     """What a sharded weight's ranks build from the all-reduced Gᵀ G is the right-side basis of G itself."""
