@@ -37,6 +37,9 @@ METHODS = {  # label -> run_glue.py flags that make the arm
     # GaLore with the floor V ← max(V, M²) before each low-rank update (session 16's option; the pretraining
     # protocol's best setting at 600 and 2000 updates)
     "galore vfloor": ["--optimizer", "galore_adamw", "--v_floor", "m2"],
+    # ... refreshed through the Gram's eigh: plumage_adamw's default since session 20 (solver "auto" = gram for the
+    # top-r basis)
+    "galore vfloor gram": ["--optimizer", "galore_adamw", "--v_floor", "m2", "--solver", "gram"],
     "flora": ["--optimizer", "flora_adamw"],
     # every PLUMAGE arm names its options in full, so that no arm moves when a default changes (a finished run is
     # reused by its command: an arm with no flags would silently stand for whichever default it ran under)
