@@ -210,7 +210,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
        for name, floor, lrs in (("", "m2", (1e-2, 1.4e-2, 7e-3, 2e-2, 5e-3)), ("_corrected", "m2_corrected", (5e-3, 7e-3, 1e-2)))
        for gap_name, gap in GAPS},
     # ... refreshed through solver="gram" (float32 eigh of the smaller Gram: 0.36-0.41x galore-torch's SVD on a CPU,
-    # faster on an H100 too): issue 15's quality check before plumage_adamw's default solver became "gram"
+    # 0.24-0.85x on an H100): issue 15's quality check before plumage_adamw's default solver became "gram"
     **{f"galore_recipe_vfloor_gram{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", "m2", "--solver",
                                                                  "gram", *gap], (1.4e-2, 1e-2))
        for gap_name, gap in GAPS},
