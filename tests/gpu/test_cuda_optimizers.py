@@ -134,41 +134,20 @@ def test_batched_refreshes_on_cuda_match_one_by_one():
     assert relative_difference(run(4), run(1)) < FP32_RTOL
 
 
-def test_foreach_on_cuda_matches_one_by_one_without_synchronising():
-    """foreach on CUDA: the _foreach kernels may round as the one-tensor kernels do not (bit-identical on CPU:
-    tests/optimizers/test_multi_tensor.py), so the updates agree to float32 rounding; a steady step taken together
-    waits on the GPU no more than one by one (not at all)."""
+@pytest.mark.parametrize("option", ["foreach", "compile_update"])
+def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option):
+    """foreach (the group's moments in _foreach kernels) and compile_update (each weight's moments in one Triton
+    kernel) on CUDA: their kernels may round as the one-tensor kernels do not (foreach is bit-identical on CPU,
+    tests/optimizers/test_multi_tensor.py; compile_update agrees to float32 rounding there,
+    tests/optimizers/test_compiled_update.py), so the updates agree to float32 rounding; a steady update waits on the
+    GPU no more than eager one by one (not at all)."""
     from galore_plumage import PlumageAdamW
 
-    def run(foreach, sync_check=False):
+    def run(fused, sync_check=False):
         torch.manual_seed(0)
         weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
         start = torch.cat([w.detach().flatten() for w in weights])
-        optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 3, "foreach": foreach,
-                                   "align_signs": True}], weight_decay=0.1)
-        generator = torch.Generator(device="cuda").manual_seed(1)
-        for step in range(7):
-            for weight in weights:
-                weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
-            if sync_check and step == 4:  # a steady update (refreshes at 0, 3, 6)
-                assert _synchronisations(optimizer.step) == 0
-            else:
-                optimizer.step()
-        return torch.cat([w.detach().flatten() for w in weights]) - start
-
-    assert relative_difference(run(True, sync_check=True), run(False)) < FP32_RTOL
-
-
-def test_compile_update_on_cuda_matches_eager_without_synchronising():
-    """compile_update on CUDA (Triton): the fused kernel rounds once where eager rounds twice, so the updates agree to
-    float32 rounding (tests/optimizers/test_compiled_update.py on CPU); a steady update waits on the GPU not at all."""
-    from galore_plumage import PlumageAdamW
-
-    def run(compile_update, sync_check=False):
-        torch.manual_seed(0)
-        weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
-        start = torch.cat([w.detach().flatten() for w in weights])
-        optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 3, "compile_update": compile_update,
+        optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 3, option: fused,
                                    "align_signs": True}], weight_decay=0.1)
         generator = torch.Generator(device="cuda").manual_seed(1)
         for step in range(7):
