@@ -8,16 +8,21 @@ import torch
 
 from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
 from .compiled_update import compiled_moments_and_direction
-from .moment_floor import corrected_bound, floor_second_moment, floor_second_moments
+from .moment_floor import bound_scale, floor_second_moment, floor_second_moments
 from .realign import realign_dense
+
+
+def moments(state: dict, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """state's M and V, created at zero (shaped as `grad`) on first use."""
+    if "exp_avg" not in state:
+        state["exp_avg"] = torch.zeros_like(grad)
+        state["exp_avg_sq"] = torch.zeros_like(grad)
+    return state["exp_avg"], state["exp_avg_sq"]
 
 
 def advance_moments(state: dict, grad: torch.Tensor, beta1: float, beta2: float) -> tuple[torch.Tensor, torch.Tensor]:
     """M ← β1 M + (1 − β1) G and V ← β2 V + (1 − β2) G², in place (created at zero on first use)."""
-    if "exp_avg" not in state:
-        state["exp_avg"] = torch.zeros_like(grad)
-        state["exp_avg_sq"] = torch.zeros_like(grad)
-    exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+    exp_avg, exp_avg_sq = moments(state, grad)
     exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
     return exp_avg, exp_avg_sq
@@ -91,14 +96,11 @@ class AdamWBackend(Backend):
 def _compiled_direction(state: dict, grad: torch.Tensor, group: dict, floored: bool) -> torch.Tensor:
     """adam_direction (after the group's v_floor when `floored`) as one compiled kernel (compile_update)."""
     beta1, beta2 = group["betas"]
-    floor_scale = None
-    if "exp_avg" not in state:  # the first update: zero moments, which no floor moves
-        state["exp_avg"] = torch.zeros_like(grad)
-        state["exp_avg_sq"] = torch.zeros_like(grad)
-    elif floored:
-        floor_scale = 1.0 if _floor_rule(group) == "m2" else corrected_bound(state["step"], beta1, beta2)
-    return compiled_moments_and_direction(state["exp_avg"], state["exp_avg_sq"], grad, beta1, beta2, group["eps"],
-                                          floor_scale)
+    # as floor_second_moment: no floor before the first update (its moments are made at zero, which no floor moves)
+    floored = floored and "exp_avg" in state
+    floor_scale = bound_scale(_floor_rule(group), state["step"], beta1, beta2) if floored else None
+    exp_avg, exp_avg_sq = moments(state, grad)
+    return compiled_moments_and_direction(exp_avg, exp_avg_sq, grad, beta1, beta2, group["eps"], floor_scale)
 
 
 def _floor_rule(group: dict) -> str:

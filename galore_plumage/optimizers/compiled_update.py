@@ -43,8 +43,9 @@ def compiled_moments_and_direction(exp_avg: torch.Tensor, exp_avg_sq: torch.Tens
     try:
         return _compiled(exp_avg, exp_avg_sq, grad, beta1, beta2, eps, floor_scale)
     except Exception as error:  # Inductor's errors have many types; each is re-raised with the option named
+        first_line = next(iter(str(error).strip().splitlines()), "")
         raise RuntimeError(
             f"compile_update=True: torch.compile could not build AdamW's fused update for a {grad.dtype} tensor on "
-            f"{grad.device} ({type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}). "
+            f"{grad.device} ({type(error).__name__}: {first_line}). "
             "It needs a C++ compiler for CPU tensors and Triton for CUDA ones: install that, or drop compile_update "
             "(the same update, eager)") from error

@@ -30,8 +30,9 @@ def floor_second_moment(state: dict, floor: str, beta1: float, beta2: float) -> 
         return
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
     bound = exp_avg.square()
-    if floor == "m2_corrected":
-        bound.mul_(corrected_bound(state["step"], beta1, beta2))
+    scale = bound_scale(floor, state["step"], beta1, beta2)
+    if scale != 1.0:  # m2's bound is M² itself: no kernel spent multiplying it by 1
+        bound.mul_(scale)
     torch.maximum(exp_avg_sq, bound, out=exp_avg_sq)
 
 
@@ -39,9 +40,15 @@ def floor_second_moments(states: list[dict], floor: str, beta1: float, beta2: fl
     """floor_second_moment over several states that all hold moments, in torch._foreach calls (the same numbers)."""
     exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
     bounds = torch._foreach_mul(exp_avgs, exp_avgs)
-    if floor == "m2_corrected":
-        torch._foreach_mul_(bounds, [corrected_bound(s["step"], beta1, beta2) for s in states])
+    scales = [bound_scale(floor, s["step"], beta1, beta2) for s in states]
+    if any(scale != 1.0 for scale in scales):
+        torch._foreach_mul_(bounds, scales)
     torch._foreach_maximum_(exp_avg_sqs, bounds)
+
+
+def bound_scale(floor: str, step: int, beta1: float, beta2: float) -> float:
+    """The factor on M² of `floor`'s bound ('m2' or 'm2_corrected') before update `step`: 1, or corrected_bound."""
+    return corrected_bound(step, beta1, beta2) if floor == "m2_corrected" else 1.0
 
 
 def corrected_bound(step: int, beta1: float, beta2: float) -> float:
