@@ -4,6 +4,11 @@ The low-rank update is computed by bitsandbytes' own kernel into a zeroed low-ra
 neither p.data is swapped, as galore-torch does, nor a full-size copy of the weight made); tensors with
 fewer than `min_8bit_size` elements keep fp32 moments, as in bitsandbytes. Realignment dequantizes,
 transports and requantizes.
+
+On a CPU, bitsandbytes' 8-bit kernel is itself torch code: dequantize both moments, Adam in float32, requantize.
+Ours (`_dense_step`) is that sequence, op for op (the parity test against galore-torch's GaLoreAdamW8bit is exact),
+with v_floor applied to the dequantized moments in between: the floor then costs no pass of its own. On CUDA the
+kernel is fused, so the floor dequantizes, raises and requantizes V before it (`_floor`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,12 @@ def dense_moments(state: dict) -> tuple[bool, torch.Tensor, torch.Tensor]:
     if state["state1"].dtype != torch.uint8:
         return False, state["state1"], state["state2"]
     return True, dequantize(state, 1), dequantize(state, 2)
+
+
+def kernel_is_fused(device: torch.device) -> bool:
+    """Whether bitsandbytes' 8-bit Adam step on `device` is one fused kernel (CUDA) rather than torch code that
+    dequantizes, steps in float32 and requantizes (CPU), which `_dense_step` reproduces with the floor inside."""
+    return device.type != "cpu"
 
 
 def quantize_into(state: dict, which: int, values: torch.Tensor) -> None:
@@ -107,18 +118,23 @@ class AdamW8bitBackend(Backend):
 
     def update(self, state, grad, group, param, rows=None):
         grad = grad.float().contiguous()
-        if "state1" not in state:
+        floor = group.get("v_floor", "none") if rows is not None else "none"  # a low-rank weight's (moment_floor.py)
+        if "state1" not in state:  # no update in the moments yet: nothing to floor
             self._init(state, grad, group)
-        elif rows is not None and group.get("v_floor", "none") != "none":  # a low-rank weight's floor (moment_floor.py)
-            self._floor(state, group)
-        scratch = torch.zeros_like(grad)
-        self._kernel(state, grad, scratch, group, weight_decay=0.0)
-        # scratch now holds −lr·m̂/(√v̂+ε): the weight moves by +project_back(scratch); per unit of AdamW's M/√V it
-        # carries lr times the bias correction √(1 − β2^t)/(1 − β1^t)
+            floor = "none"
+        if state["state1"].dtype == torch.uint8 and not kernel_is_fused(grad.device):
+            direction = self._dense_step(state, grad, group, floor)
+        else:
+            if floor != "none":
+                self._floor(state, group)
+            direction = torch.zeros_like(grad)
+            self._kernel(state, grad, direction, group, weight_decay=0.0)
+        # direction now holds −lr·m̂/(√v̂+ε): the weight moves by +project_back(direction); per unit of AdamW's M/√V
+        # it carries lr times the bias correction √(1 − β2^t)/(1 − β1^t)
         beta1, beta2 = group["betas"]
         step = state["step"]
         unit = group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-        return Update(scratch, -1.0, group["lr"] * group["weight_decay"], unit=unit if unit > 0 else 1.0)
+        return Update(direction, -1.0, group["lr"] * group["weight_decay"], unit=unit if unit > 0 else 1.0)
 
     def full_step(self, param, grad, group, state):
         """Regular (full-rank) weights: the kernel updates the weight in place, decay included."""
@@ -127,8 +143,25 @@ class AdamW8bitBackend(Backend):
         self._kernel(state, grad.contiguous(), param, group, weight_decay=group["weight_decay"])
 
     @staticmethod
+    def _dense_step(state: dict, grad: torch.Tensor, group: dict, floor: str) -> torch.Tensor:
+        """bitsandbytes' CPU 8-bit Adam step, without weight decay, on 8-bit moments: −lr·m̂/(√v̂+ε), the moments
+        dequantized once, floored (`floor`), advanced and requantized. The same ops in the same order as its kernel
+        on a zero scratch (whose addcdiv_ forms (value·M)/denom), so without a floor the same bits."""
+        beta1, beta2 = group["betas"]
+        step = state["step"]
+        _, exp_avg, exp_avg_sq = dense_moments(state)
+        floor_second_moment({"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, floor, beta1, beta2)
+        exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        denom = (exp_avg_sq.sqrt() / math.sqrt(1.0 - beta2**step)).add_(group["eps"])
+        direction = exp_avg.mul(-group["lr"] / (1.0 - beta1**step)).div_(denom)
+        quantize_into(state, 1, exp_avg)
+        quantize_into(state, 2, exp_avg_sq)
+        return direction
+
+    @staticmethod
     def _floor(state: dict, group: dict) -> None:
-        """v_floor on the 8-bit moments: dequantize, raise V, requantize V (M is read only)."""
+        """v_floor before a fused (CUDA) kernel: dequantize, raise V, requantize V (M is read only)."""
         quantized, m, v = dense_moments(state)
         moments = {"step": state["step"], "exp_avg": m, "exp_avg_sq": v}
         floor_second_moment(moments, group["v_floor"], *group["betas"])
