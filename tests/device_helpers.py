@@ -30,7 +30,7 @@ import contextlib
 import torch
 
 from galore_plumage import GaLoreAdamW, GaLoreAdamW8bit, PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit
-from galore_plumage.optimizers import PLUMAGE_SAMPLED
+from galore_plumage.optimizers import PLUMAGE_SAMPLED, adamw8bit
 
 SHAPE, RANK, GAP = (256, 128), 32, 3
 FP32_RTOL = 1e-3  # CPU: a 1e-5 relative perturbation of every gradient moves these updates by at most 4e-4
@@ -50,6 +50,7 @@ EIGHT_BIT_CASES = [  # (8-bit class, its fp32 twin, group options)
     (PlumageAdamW8bit, PlumageAdamW, SAMPLED),
     (PlumageAdamW8bit, PlumageAdamW, {**SAMPLED, "max_inv_p": None, "resample_every": 0}),
     (GaLoreAdamW8bit, GaLoreAdamW, {"align_signs": True}),
+    (PlumageAdamW8bit, PlumageAdamW, {"align_signs": True}),  # the default: GaLore's basis with the floor
 ]
 
 
@@ -121,13 +122,16 @@ class _NearestCodeOp:
 @contextlib.contextmanager
 def cuda_rounding_on_cpu():
     """bitsandbytes on the CPU, rounding its 8-bit states as its CUDA kernels do (both the optimizer step's
-    requantization and quantize_blockwise go through this one op)."""
+    requantization and quantize_blockwise go through this one op), and stepping as on CUDA: v_floor a pass of its own
+    before bitsandbytes' kernel (on a CPU the floor otherwise acts inside the step, one rounding of V fewer)."""
     import bitsandbytes  # noqa: F401 - registers torch.ops.bitsandbytes
 
     namespace = torch.ops.bitsandbytes
-    real = namespace.quantize_blockwise
+    real, real_fused = namespace.quantize_blockwise, adamw8bit.kernel_is_fused
     namespace.quantize_blockwise = _NearestCodeOp()
+    adamw8bit.kernel_is_fused = lambda device: True
     try:
         yield
     finally:
         namespace.quantize_blockwise = real
+        adamw8bit.kernel_is_fused = real_fused
