@@ -51,6 +51,9 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # ... with each new singular vector's sign agreeing with the previous basis (its kept moments keep their direction)
     "galore_recipe_aligned": ("galore_adamw", ["--galore_scale", "0.25", "--align_signs"], (3e-3,)),
     "plumage_paper": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER], (1e-4, 3e-4, 1e-3)),
+    # ... its refresh through solver="gram64" (float64 eigh of the smaller Gram: p as accurate as float32 SVD's or more,
+    # 0.59-0.68x its time on a CPU): issue 15's check before solver="auto" takes it for PLUMAGE's spectrum on a CPU
+    "plumage_paper_gram64": ("plumage_adamw", ["--galore_scale", "1.0", *PAPER, "--solver", "gram64"], (3e-4,)),
     # the remedies, one at a time on the paper's estimator (scale 1, as the paper documents it)
     "plumage_cap3": ("plumage_adamw", ["--galore_scale", "1.0", *plumage_flags(max_inv_p=3)], LRS),
     "plumage_norm_matched": ("plumage_adamw", ["--galore_scale", "1.0", *NORM_MATCHED], LRS),

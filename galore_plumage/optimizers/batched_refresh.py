@@ -38,7 +38,8 @@ def prepare_batched_refreshes(optimizer) -> int:
             if not projector.from_spectrum or not projector.due(step):
                 continue
             modes = tuple(projector.ranks_for(grad.shape))
-            key = (tuple(grad.shape), compute_dtype(grad), grad.device, modes, projector.solver, group["refresh_batch"])
+            key = (tuple(grad.shape), compute_dtype(grad), grad.device, modes, projector.solver_on(grad.device),
+                   group["refresh_batch"])
             due[key].append((projector, grad, step))
     return sum(prepare_together(members, size) for (*_, size), members in due.items())
 
@@ -48,7 +49,7 @@ def prepare_together(members: list[tuple], size: int) -> int:
     solver) in batched calls of at most `size`, and hand each projector its decomposition; a lone member is left to
     its own refresh. Returns the number of batched calls made."""
     projector, grad, _ = members[0]
-    modes, dtype, solver = tuple(projector.ranks_for(grad.shape)), compute_dtype(grad), projector.solver
+    modes, dtype, solver = tuple(projector.ranks_for(grad.shape)), compute_dtype(grad), projector.solver_on(grad.device)
     calls = 0
     for start in range(0, len(members), size):
         chunk = members[start:start + size]

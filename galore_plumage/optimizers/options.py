@@ -199,7 +199,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("solver", "svd", "how svd/plumage refreshes find singular vectors: 'svd' (torch.linalg.svd, galore-torch's "
            "call), 'gram' (eigh of the smaller Gram matrix: 0.4x its time on a CPU, the top 2r to 1e-4, but the "
            "smallest σ lost in float32), 'gram64' (the same in float64: the most accurate) or 'auto' (each projector's "
-           "fastest accurate one: 'gram' for svd's top r, 'svd' for plumage, whose p need the whole spectrum)",
+           "fastest accurate one on the gradient's device: 'gram' for svd's top r and for plumage's pool of the top 2r; "
+           "for the paper's p over the whole spectrum 'gram64' on a CPU, 'svd' elsewhere)",
            check_solver, ("qr", None), plumage_adam="auto", to_projector=True, choices=SOLVERS),
     Option("refresh_batch", 1, "svd/plumage: decompose the gradients of up to this many weights of one shape whose "
            "refresh falls on the same step in one batched torch.linalg call (weights held whole, refresh_ema 0): fewer, "

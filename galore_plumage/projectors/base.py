@@ -172,8 +172,6 @@ class Projector:
     # True: a bad gradient's basis is made and then rejected (refresh), so the check costs no host read of its own; only
     # for a projector whose basis-making tolerates NaN (an SVD does; PLUMAGE reads the check with σ before sampling)
     checks_after: ClassVar[bool] = False
-    # what solver="auto" means for this projector: the fastest solver whose spectrum is accurate where its basis reads it
-    auto_solver: ClassVar[str] = "svd"
 
     def __init__(
         self,
@@ -229,7 +227,7 @@ class Projector:
         self.seed, self.index = int(seed), int(index)
         self.adaptive_interval, self.tau_min, self.tau_max = bool(adaptive_interval), update_proj_gap, tau_max
         self.tau = update_proj_gap
-        self.solver = self.auto_solver if solver == "auto" else solver
+        self.solver = solver  # "auto" is resolved per refresh, by the gradient's device (solver_on)
         self.max_inv_p = None if max_inv_p is None or max_inv_p == math.inf else float(max_inv_p)  # inf: no cap
         self.resample_every, self.pool_factor, self.pool_bf16 = resample_every, pool_factor, pool_bf16
         # the dtype projections are computed in (float32, or float64 for float64 gradients): the factors' own dtype,
@@ -253,7 +251,16 @@ class Projector:
         self.refreshed_at = 0  # the step of the latest refresh (the basis's age counts from it)
         self.stats: dict[str, float] = {"refreshes": 0, "skipped_refreshes": 0, "tau": self.tau}
 
+    def solver_on(self, device: torch.device) -> str:
+        """The solver a refresh of a gradient on `device` uses: the configured one, or for "auto" auto_solver's."""
+        return self.auto_solver(device) if self.solver == "auto" else self.solver
+
     # ----------------------------------------------------------------- what subclasses provide
+    def auto_solver(self, device: torch.device) -> str:
+        """What solver="auto" means for this projector on `device`: the fastest solver measured there whose spectrum is
+        accurate where the basis reads it (tests/projectors/test_solver_accuracy.py). The base keeps galore-torch's SVD."""
+        return "svd"
+
     def _new_basis(self, grad: torch.Tensor, ranks: dict[int, int], generator: torch.Generator) -> Basis | None:
         """A new basis for `grad` (float32/64; finite and non-zero unless `checks_after`); None keeps the previous one.
         A projector that is `from_spectrum` provides _basis_from_spectrum instead: refresh decomposes for it."""
@@ -308,7 +315,7 @@ class Projector:
         prepared, self._prepared = self._prepared, None
         if self.from_spectrum:  # singular values and vectors, decomposed here or with other weights (prepare)
             decomposition = (prepared[0] if prepared is not None and prepared[1] == step
-                             else decompose(grad.detach().to(compute_dtype(grad)), tuple(ranks), self.solver))
+                             else decompose(grad.detach().to(compute_dtype(grad)), tuple(ranks), self.solver_on(grad.device)))
             basis = None
             if decomposition is not None:
                 basis = self._basis_from_spectrum(decomposition._replace(usable=usable if self.checks_after else None),

@@ -34,7 +34,17 @@ class PlumageProjector(Projector):
     signed = True
     rescales = True
     checks_after = True  # the check is read with σ, before the draw (which refuses NaN σ)
-    auto_solver = "svd"  # p over the whole spectrum: float32 Gram loses the tail's σ (gram64 keeps it, at 0.6x an SVD)
+
+    def auto_solver(self, device):
+        if self.resample_every and self.pool_factor <= 2:
+            # p over the pool's top 2r σ only, which float32's Gram gives to 1e-4 as it gives the top-r basis (the
+            # protocol: within seed noise of the SVD, docs/results.md §3, session 15)
+            return "gram"
+        # the paper's p read the whole spectrum, whose tail float32 squaring loses. In float64 the Gram keeps it (p to
+        # 1e-4 down to σ = 1e-6 σ₁, tests/projectors/test_solver_accuracy.py), in 0.59-0.68x an SVD's time on a CPU
+        # (docs/step_time.md); a GPU runs float64 at 1/2 to 1/64 of float32's speed depending on the model, unmeasured
+        # here, so there the SVD
+        return "gram64" if device.type == "cpu" else "svd"
 
     def _basis_from_spectrum(self, decomposition, ranks, generator):
         ((mode, rank),) = ranks.items()

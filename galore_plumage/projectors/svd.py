@@ -11,10 +11,12 @@ class SVDProjector(Projector):
     from_spectrum = True
     signed = True
     checks_after = True  # an SVD of a non-finite gradient fails or gives NaN: its basis is rejected after the fact
-    # the top r alone: the Gram's eigh gives them and their σ to 1e-4 (tests/projectors/test_solver_accuracy.py) in 0.4x
-    # an SVD's time on a CPU (docs/step_time.md), 0.24-0.85x on an H100 (../shared/measurements, e088428); what float32
-    # squaring loses is the tail this basis drops
-    auto_solver = "gram"
+
+    def auto_solver(self, device):
+        # the top r alone: the Gram's eigh gives them and their σ to 1e-4 (tests/projectors/test_solver_accuracy.py) in
+        # 0.4x an SVD's time on a CPU (docs/step_time.md), 0.24-0.85x on an H100 (../shared/measurements, e088428); what
+        # float32 squaring loses is the tail this basis drops
+        return "gram"
 
     def _basis_from_spectrum(self, decomposition, ranks, generator):
         rank = next(iter(ranks.values()))

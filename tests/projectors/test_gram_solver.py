@@ -107,24 +107,38 @@ def test_solver_reaches_the_projectors_and_bad_values_are_named():
 @pytest.mark.parametrize(("name", "options", "expected"), [
     ("plumage_adamw", {}, "gram"),  # the default: GaLore's top-r basis, solver "auto"
     ("plumage_adamw8bit", {}, "gram"),
-    ("plumage_adamw", {"projector": "plumage"}, "svd"),  # PLUMAGE's p read the whole spectrum
+    ("plumage_adamw", {"projector": "plumage"}, "gram"),  # PLUMAGE's draws: p over the pool of the top 2r σ
+    ("plumage_adamw", {"projector": "plumage", "pool_factor": 4}, "gram64"),  # a pool deeper than the check covers
+    ("plumage_adamw", {"projector": "plumage", "resample_every": 0, "max_inv_p": None}, "gram64"),  # the paper's p
     ("galore_adamw", {}, "svd"),  # galore-torch's call, so its bases stay galore-torch's
     ("galore_adamw", {"solver": "auto"}, "gram"),
     ("plumage_adafactor", {}, "svd"),
 ])
-def test_auto_solver_is_the_gram_for_the_top_r_and_the_svd_for_plumages_spectrum(name, options, expected, monkeypatch):
+def test_auto_solver_on_a_cpu_is_the_gram_where_the_top_2r_suffice_and_gram64_for_the_whole_spectrum(
+        name, options, expected, monkeypatch):
     calls = []
     real_svd, real_gram = spectrum_module.thin_svd, spectrum_module.gram_eigh
     monkeypatch.setattr(spectrum_module, "thin_svd", lambda m: calls.append("svd") or real_svd(m))
-    monkeypatch.setattr(spectrum_module, "gram_eigh",
-                        lambda m, k, precise=False: calls.append("gram64" if precise else "gram") or real_gram(m, k))
+    monkeypatch.setattr(spectrum_module, "gram_eigh", lambda m, k, precise=False: calls.append(
+        "gram64" if precise else "gram") or real_gram(m, k, precise))
     model = torch.nn.Sequential()
     model.add_module("attn", torch.nn.Linear(32, 16))
     optimizer = build_optimizer(name, model, lr=1e-3, rank=4, **options)
     model(torch.randn(40, 32)).square().sum().backward()
     optimizer.step()
     projector = optimizer.projector_for(model.attn.weight, optimizer.param_groups[-1])
-    assert projector.ready and projector.solver == expected and calls == [expected]
+    assert projector.ready and projector.solver_on(torch.device("cpu")) == expected and calls == [expected]
+
+
+def test_auto_solver_off_a_cpu_keeps_the_svd_for_the_whole_spectrum():
+    """A GPU runs float64 at 1/2 to 1/64 of float32's speed depending on the model, unmeasured here: the paper's p keep
+    the SVD there, while the top-r basis and the pool's top 2r take float32's Gram on any device."""
+    cuda = torch.device("cuda")  # only the device's type is read: no GPU needed
+    paper = PlumageProjector(rank=4, solver="auto")
+    draws = PlumageProjector(rank=4, solver="auto", resample_every=1, max_inv_p=1.0)
+    assert (paper.solver_on(cuda), draws.solver_on(cuda), SVDProjector(rank=4, solver="auto").solver_on(cuda)) == (
+        "svd", "gram", "gram")
+    assert PlumageProjector(rank=4, solver="svd").solver_on(torch.device("cpu")) == "svd"  # a named one is kept
 
 
 # ----------------------------------------------------------------- Projector.refresh_from_gram (FSDP2's refresh)
