@@ -53,11 +53,18 @@ def test_without_a_floor_it_is_bitsandbytes_kernel_bit_for_bit():
 def test_each_step_quantizes_the_two_moments_once_floor_or_not(floor, monkeypatch):
     functional = adamw8bit._functional()
     calls = {"quantize": 0, "dequantize": 0}
-    for name in calls:
+
+    def counted(name: str):
         real = getattr(functional, f"{name}_blockwise")
-        monkeypatch.setattr(functional, f"{name}_blockwise",
-                            lambda *args, _real=real, _name=name, **kwargs: calls.__setitem__(_name, calls[_name] + 1)
-                            or _real(*args, **kwargs))
+
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(functional, f"{name}_blockwise", counted(name))
     grads = _gradients(4)
     _run(floor, grads[:1])  # the first step only creates the moments
     calls.update(quantize=0, dequantize=0)
