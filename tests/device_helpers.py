@@ -38,9 +38,12 @@ EIGHT_BIT_RTOL = 5e-3  # CPU, nearest-code rounding: a 1e-5 perturbation moves t
 
 SAMPLED = {**PLUMAGE_SAMPLED, "pool_bf16": False}  # PLUMAGE's draws, the pool in float32 (see above)
 DEFAULT = {"pool_bf16": False}  # PlumageAdafactor's default (PLUMAGE's projector), its pool in float32
+# the paper's 1/p, refreshed by the SVD on both devices: solver "auto" takes gram64 for it on a CPU and the SVD on a GPU
+# (PlumageProjector.auto_solver), and these tests compare devices, not solvers
+PAPER_P = {**SAMPLED, "max_inv_p": None, "resample_every": 0, "solver": "svd"}
 FP32_CASES = [  # (class, group options, updates): what both devices compute the same way
     (PlumageAdamW, SAMPLED, 6),
-    (PlumageAdamW, {**SAMPLED, "max_inv_p": None, "resample_every": 0}, 6),  # the paper's 1/p
+    (PlumageAdamW, PAPER_P, 6),  # the paper's 1/p
     (PlumageAdamW, {"align_signs": True}, 6),  # the default: GaLore's basis with the floor
     (PlumageAdafactor, DEFAULT, 6),
     (GaLoreAdamW, {"align_signs": True}, 6),
@@ -48,7 +51,7 @@ FP32_CASES = [  # (class, group options, updates): what both devices compute the
 ]
 EIGHT_BIT_CASES = [  # (8-bit class, its fp32 twin, group options)
     (PlumageAdamW8bit, PlumageAdamW, SAMPLED),
-    (PlumageAdamW8bit, PlumageAdamW, {**SAMPLED, "max_inv_p": None, "resample_every": 0}),
+    (PlumageAdamW8bit, PlumageAdamW, PAPER_P),
     (GaLoreAdamW8bit, GaLoreAdamW, {"align_signs": True}),
     (PlumageAdamW8bit, PlumageAdamW, {"align_signs": True}),  # the default: GaLore's basis with the floor
 ]
