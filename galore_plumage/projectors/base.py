@@ -345,7 +345,8 @@ class Projector:
             factors = {k: aligned_signs(f, old.get(k)) for k, f in factors.items()}
         rho = None
         if old:
-            rho = sum(principal_cosine_mean(old[k], factors[k]) for k in factors) / max(len(factors), 1)
+            # singular vectors (signed projectors' bases) are orthonormal: no QR needed to compare their spans
+            rho = sum(principal_cosine_mean(old[k], factors[k], orthonormal=self.signed) for k in factors) / max(len(factors), 1)
         figures = _read_together(usable, rho, basis.stats)  # the refresh's one read from the device
         if usable is not None and not figures.pop("usable"):
             self.stats["skipped_refreshes"] += 1

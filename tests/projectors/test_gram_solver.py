@@ -34,6 +34,30 @@ def test_gram_eigh_matches_svd(spectral_matrix, mode):
     torch.testing.assert_close(identity, torch.eye(identity.shape[0]), rtol=0, atol=1e-5)  # orthonormal
 
 
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("precise", [False, True])
+def test_a_cpu_gram_is_its_lower_triangle_in_blocks_laid_out_for_eigh(mode, precise):
+    """What eigh reads of the Gram (its lower triangle) is the product's; what lies far above the diagonal is never
+    computed (the blocks' saving); the layout is column-major (eigh's own, so it does no transposing copy); a stack's
+    members are each the Gram their matrix alone gives, to the bit."""
+    generator = torch.Generator().manual_seed(5)
+    g = torch.randn(4, 800, 1000, generator=generator)  # the projected side: 800 rows, more than two blocks' worth
+    g = g if mode == 0 else g.mT
+    gram = spectrum_module._gram(g[1], mode, precise)
+    source = g[1].double()
+    exact = source @ source.T if mode == 0 else source.T @ source
+    assert gram.shape == (800, 800) and gram.dtype == (torch.float64 if precise else torch.float32)
+    tolerance = 1e-12 if precise else 1e-5
+    torch.testing.assert_close(torch.tril(gram).double(), torch.tril(exact), rtol=0, atol=tolerance * exact.abs().max())
+    assert torch.count_nonzero(torch.triu(gram, diagonal=400)) == 0
+    assert gram.mT.is_contiguous()
+    # float32 eigh's own error is ~size · ε · λ_max, the same for the whole float32 product
+    eigen_tolerance = 1e-12 if precise else 800 * torch.finfo(torch.float32).eps
+    torch.testing.assert_close(torch.linalg.eigvalsh(gram).double(), torch.linalg.eigvalsh(exact), rtol=0,
+                               atol=eigen_tolerance * exact.abs().max())
+    assert torch.equal(spectrum_module._gram(g, mode, precise)[1], gram)
+
+
 def test_gram_route_only_for_a_single_smaller_side(spectral_matrix, monkeypatch):
     """The larger side, or both sides ('full'), would need the big Gram matrix: those fall back to the SVD."""
     g, *_ = spectral_matrix(16, 40, SIGMA, seed=0, dtype=torch.float32)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from galore_plumage.projectors import SVDProjector, mean_principal_cosine, next_interval
+from galore_plumage.projectors import RandomProjector, SVDProjector, mean_principal_cosine, next_interval
+from galore_plumage.projectors.interval import principal_cosine_mean
 
 
 def _e(d: int, *indices: int) -> torch.Tensor:
@@ -51,6 +52,39 @@ def test_only_leading_columns_compared():
     old, new = _e(8, 0, 1), _e(8, 0, 2)
     assert mean_principal_cosine(old, new) == pytest.approx(0.5, abs=1e-12)
     assert mean_principal_cosine(old, new, max_columns=1) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_orthonormal_bases_skip_the_qr_unless_held_in_16_bits(dtype, monkeypatch):
+    """Singular vectors are their own Q: the cosines are the same without the two QRs, which only a 16-bit basis, whose
+    rounding would show in the cosines, still takes."""
+    generator = torch.Generator().manual_seed(2)
+    old = torch.linalg.qr(torch.randn(40, 6, generator=generator, dtype=torch.float64)).Q
+    new = torch.linalg.qr(old + 0.8 * torch.randn(40, 6, generator=generator, dtype=torch.float64)).Q
+    old, new = old.to(dtype), new.to(dtype)
+    with_qr = principal_cosine_mean(old, new)
+    qr_calls = []
+    real_qr = torch.linalg.qr
+    monkeypatch.setattr(torch.linalg, "qr", lambda a, *args, **kw: qr_calls.append(a.shape) or real_qr(a, *args, **kw))
+    without = principal_cosine_mean(old, new, orthonormal=True)
+    assert len(qr_calls) == (2 if dtype == torch.bfloat16 else 0)
+    assert 0.2 < with_qr.item() < 0.95  # bases that moved: a comparison that could tell the routes apart
+    torch.testing.assert_close(without, with_qr, rtol=0, atol=1e-6)
+
+
+def test_a_refresh_takes_the_qr_only_for_bases_that_are_not_orthonormal(monkeypatch):
+    """SVD bases (singular vectors) are compared as they are; FLORA's Gaussian ones are orthonormalized first."""
+    qr_calls = []
+    real_qr = torch.linalg.qr
+    monkeypatch.setattr(torch.linalg, "qr", lambda a, *args, **kw: qr_calls.append(a.shape) or real_qr(a, *args, **kw))
+    generator = torch.Generator().manual_seed(3)
+    grads = [torch.randn(24, 40, generator=generator) for _ in range(2)]
+    for projector, expected in ((SVDProjector(4, update_proj_gap=1), 0), (RandomProjector(4, update_proj_gap=1), 2)):
+        qr_calls.clear()
+        projector.refresh(grads[0], 0)
+        projector.refresh(grads[1], 1)
+        assert len(qr_calls) == expected, projector.name
+        assert 0.0 <= projector.stats["rho"] <= 1.0
 
 
 def test_bad_shapes():
