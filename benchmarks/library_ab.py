@@ -1,11 +1,13 @@
-"""One optimizer's steady step under two commits of the library, steps alternating: a by-hand A/B, not a test.
+"""One optimizer's step under two commits of the library, steps alternating: a by-hand A/B, not a test.
 
 The library of `--against` (any git revision) is exported to a temporary folder and imported beside the working
 tree's, each under its own module name, so both step in one process on the same gradients; each figure is the
 median over the reps. For changes inside a step that no option switches off (how a draw rearranges the pool).
 Each library runs at its own defaults, so a default that changed between the two is part of what is compared.
+The step timed is a steady one, or with --refresh one that refreshes every weight's basis (update_proj_gap 1).
 
     python benchmarks/library_ab.py --against 157a6b3 [--optimizer PlumageAdamW] [--sizes 60m,350m] [--reps 15]
+                                    [--refresh]
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ def main() -> None:
     parser.add_argument("--sizes", default="60m,350m")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--refresh", action="store_true", help="time steps that refresh every basis, not steady ones")
     args = parser.parse_args()
+    kind, gap = ("refresh", 1) if args.refresh else ("steady", 10**9)
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as folder:
         libraries = {args.against: import_library(export(args.against, Path(folder))), "working tree": import_library(ROOT)}
-        print(f"| size | {args.optimizer}: library | steady ms | / {args.against} |")
+        print(f"| size | {args.optimizer}: library | {kind} ms | / {args.against} |")
         print("|---|---|---:|---:|")
         for size in args.sizes.split(","):
             h, i, rank = SIZES[size]
@@ -67,7 +71,7 @@ def main() -> None:
             steps = {}
             for label, library in libraries.items():
                 params = [torch.nn.Parameter(t) for t in random_tensors(shapes, torch.device("cpu"), seed=0, scale=0.02)]
-                optimizer = getattr(library, args.optimizer)([{"params": params, "rank": rank, "update_proj_gap": 10**9}])
+                optimizer = getattr(library, args.optimizer)([{"params": params, "rank": rank, "update_proj_gap": gap}])
                 steps[label] = partial(step_once, optimizer, params, grads)
                 steps[label]()  # the first step builds the basis and the moments
             medians = {label: t * 1e3 for label, t in time_interleaved(steps, args.reps, torch.device("cpu"), size).items()}
