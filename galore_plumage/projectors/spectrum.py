@@ -67,7 +67,7 @@ def _gram(grad: torch.Tensor, mode: int, precise: bool) -> torch.Tensor:
     On a CPU only the lower triangle's row blocks are computed (above the diagonal blocks the matrix is zero), in
     column-major layout: eigh reads the lower triangle alone and copies its input into column-major order first, which
     for a row-major 1024² matrix is a transposing copy of 3 ms (1 ms at 768²). Four row blocks take 0.58x (768²) to
-    0.70x (1024 × 2736) the time of the whole product. On other devices the whole product: that their eigh reads one
+    0.70x (1024²) the time of the whole product. On other devices the whole product: that their eigh reads one
     triangle only is not tested here.
     """
     source = grad.double() if precise else grad

@@ -15,6 +15,19 @@ def _e(d: int, *indices: int) -> torch.Tensor:
     return torch.eye(d, dtype=torch.float64)[:, list(indices)]
 
 
+def count_qr_calls(monkeypatch) -> list:
+    """torch.linalg.qr patched to record the shape of each matrix it is given; the list of those shapes."""
+    calls = []
+    real_qr = torch.linalg.qr
+
+    def counted(matrix, *args, **kwargs):
+        calls.append(matrix.shape)
+        return real_qr(matrix, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "qr", counted)
+    return calls
+
+
 def test_identical_bases_give_one():
     basis = torch.linalg.qr(torch.randn(20, 5, generator=torch.Generator().manual_seed(0))).Q
     assert mean_principal_cosine(basis, basis) == pytest.approx(1.0, abs=1e-6)
@@ -63,9 +76,7 @@ def test_orthonormal_bases_skip_the_qr_unless_held_in_16_bits(dtype, monkeypatch
     new = torch.linalg.qr(old + 0.8 * torch.randn(40, 6, generator=generator, dtype=torch.float64)).Q
     old, new = old.to(dtype), new.to(dtype)
     with_qr = principal_cosine_mean(old, new)
-    qr_calls = []
-    real_qr = torch.linalg.qr
-    monkeypatch.setattr(torch.linalg, "qr", lambda a, *args, **kw: qr_calls.append(a.shape) or real_qr(a, *args, **kw))
+    qr_calls = count_qr_calls(monkeypatch)
     without = principal_cosine_mean(old, new, orthonormal=True)
     assert len(qr_calls) == (2 if dtype == torch.bfloat16 else 0)
     assert 0.2 < with_qr.item() < 0.95  # bases that moved: a comparison that could tell the routes apart
@@ -74,9 +85,7 @@ def test_orthonormal_bases_skip_the_qr_unless_held_in_16_bits(dtype, monkeypatch
 
 def test_a_refresh_takes_the_qr_only_for_bases_that_are_not_orthonormal(monkeypatch):
     """SVD bases (singular vectors) are compared as they are; FLORA's Gaussian ones are orthonormalized first."""
-    qr_calls = []
-    real_qr = torch.linalg.qr
-    monkeypatch.setattr(torch.linalg, "qr", lambda a, *args, **kw: qr_calls.append(a.shape) or real_qr(a, *args, **kw))
+    qr_calls = count_qr_calls(monkeypatch)
     generator = torch.Generator().manual_seed(3)
     grads = [torch.randn(24, 40, generator=generator) for _ in range(2)]
     for projector, expected in ((SVDProjector(4, update_proj_gap=1), 0), (RandomProjector(4, update_proj_gap=1), 2)):
