@@ -35,6 +35,7 @@ from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path wh
 LRS = (1e-3, 3e-3, 1e-2)
 PAPER = plumage_flags()
 NORM_MATCHED = plumage_flags(sampled_step="norm_matched")
+WARMUP_FRACTION = "--warmup_fraction"  # the protocol's own arm flag (not torchrun_main.py's): warmup = steps x it
 GAPS = (("", []), ("_gap200", ["--update_proj_gap", "200"]))  # (label suffix, flags): the protocol's τ, and τ = 200
 # the default of session 14 but for its realignment: κ = 1, cap 1, the complement at a quarter of Fira's step with the
 # steady limiter, each column capped at half the basis's step, on the first 10 updates after a refresh
@@ -212,6 +213,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"galore_recipe_vfloor{name}{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", floor, *gap], lrs)
        for name, floor, lrs in (("", "m2", (1e-2, 1.4e-2, 7e-3, 2e-2, 5e-3)), ("_corrected", "m2_corrected", (5e-3, 7e-3, 1e-2)))
        for gap_name, gap in GAPS},
+    # ... with the floor's warm-up stretched over H updates (v_floor_horizon; m2 alone is H = 1 / (1 − β2) = 1000): its
+    # gain over GaLore fades as the warm-up ends (+0.07 at 600 updates, +0.01 at 5000), so does a longer one keep it?
+    **{f"galore_recipe_vfloor_h{horizon}{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", "m2",
+                                                                       "--v_floor_horizon", str(horizon), *gap],
+                                                      (7e-3, 1e-2, 1.4e-2))
+       for horizon in (2000, 3000, 5000, 10000) for gap_name, gap in GAPS},
     # ... refreshed through solver="gram" (float32 eigh of the smaller Gram: 0.36-0.41x galore-torch's SVD on a CPU,
     # 0.24-0.85x on an H100): issue 15's quality check before plumage_adamw's default solver became "gram"
     **{f"galore_recipe_vfloor_gram{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", "m2", "--solver",
@@ -231,6 +238,14 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
         "--v_floor", "m2", *gap], (1e-2, 1.4e-2, 7e-3))
        for name, kappa, realign, pool in (("kappa0", 0, "none", []), ("resample", 1, "mv", ["--pool_bf16"]))
        for gap_name, gap in GAPS},
+    # GaLore's recipe, and with the floor, each with a longer lr warm-up than the protocol's 10 % of the updates (every
+    # group): the floor is a warm-up of the low-rank weights (session 16), so does a longer plain warm-up give GaLore
+    # the same gain?
+    **{f"{label}_warmup{round(100 * fraction)}": (optimizer, [*flags, WARMUP_FRACTION, str(fraction)], lrs)
+       for fraction in (0.25, 0.5)
+       for label, optimizer, flags, lrs in (
+           ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"], (5e-3, 7e-3, 1e-2, 1.4e-2)),
+           ("galore_recipe_vfloor", "galore_adamw", ["--galore_scale", "0.25", "--v_floor", "m2"], (1e-2, 1.4e-2, 2e-2)))},
     # 8-bit AdamW (bitsandbytes' blockwise states): GaLore's recipe, and with the floor (plumage_adamw8bit's default,
     # which dequantizes both moments and requantizes V before each low-rank update)
     "galore8bit_recipe": ("galore_adamw8bit", ["--galore_scale", "0.25"], (5e-3, 1e-2, 3e-3)),
@@ -249,14 +264,18 @@ REFERENCE = "galore_recipe"
 
 
 def command_for(optimizer: str, extra: list[str], seed: int, lr: float, args, save_dir: Path) -> list[str]:
-    # an arm that names its own rank or refresh interval keeps it; the others take the protocol's
+    # an arm that names its own rank, refresh interval or warmup fraction keeps it; the others take the protocol's
     rank = [] if "--rank" in extra else ["--rank", str(args.rank)]
     gap = [] if "--update_proj_gap" in extra else ["--update_proj_gap", str(args.update_proj_gap)]
+    fraction = 0.1
+    if WARMUP_FRACTION in extra:
+        at = extra.index(WARMUP_FRACTION)
+        fraction, extra = float(extra[at + 1]), extra[:at] + extra[at + 2:]
     return [
         sys.executable, str(ROOT / "torchrun_main.py"), "--optimizer", optimizer, *with_family_pins(optimizer, extra),
         "--model_config", args.model_config, "--lr", str(lr),
         "--batch_size", str(args.batch_size), "--max_length", str(args.max_length),
-        "--num_training_steps", str(args.steps), "--warmup_steps", str(max(1, args.steps // 10)),
+        "--num_training_steps", str(args.steps), "--warmup_steps", str(max(1, round(args.steps * fraction))),
         "--eval_every", str(args.eval_every), "--save_every", str(args.steps), *rank,
         *gap, "--seed", str(seed), "--eval_tokens", str(args.eval_tokens),
         "--save_dir", str(save_dir), "--no-progress",

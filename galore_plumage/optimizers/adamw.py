@@ -58,7 +58,7 @@ class AdamWBackend(Backend):
             return Update(_compiled_direction(state, grad, group, rows is not None and floor != "none"),
                           _step_size(group, state["step"]), decay)
         if rows is not None and floor != "none":  # a low-rank weight (the floor is a low-rank group's option)
-            floor_second_moment(state, _floor_rule(group), beta1, beta2)
+            floor_second_moment(state, _floor_rule(group), beta1, beta2, group.get("v_floor_horizon"))
         if group.get("row_bias_correction") and rows is not None and group["correct_bias"]:
             return Update(row_corrected_direction(state, grad, rows, beta1, beta2, group["eps"]), group["lr"], decay)
         direction = adam_direction(state, grad, beta1, beta2, group["eps"])
@@ -69,7 +69,7 @@ class AdamWBackend(Backend):
         few torch._foreach calls for all of them (the same arithmetic, so the same numbers)."""
         beta1, beta2 = group["betas"]
         if group["v_floor"] != "none":
-            floor_second_moments(states, _floor_rule(group), beta1, beta2)
+            floor_second_moments(states, _floor_rule(group), beta1, beta2, group["v_floor_horizon"])
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         torch._foreach_mul_(exp_avgs, beta1)
         torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
@@ -98,7 +98,8 @@ def _compiled_direction(state: dict, grad: torch.Tensor, group: dict, floored: b
     beta1, beta2 = group["betas"]
     # as floor_second_moment: no floor before the first update (its moments are made at zero, which no floor moves)
     floored = floored and "exp_avg" in state
-    floor_scale = bound_scale(_floor_rule(group), state["step"], beta1, beta2) if floored else None
+    floor_scale = (bound_scale(_floor_rule(group), state["step"], beta1, beta2, group["v_floor_horizon"]) if floored
+                   else None)
     exp_avg, exp_avg_sq = moments(state, grad)
     return compiled_moments_and_direction(exp_avg, exp_avg_sq, grad, beta1, beta2, group["eps"], floor_scale)
 

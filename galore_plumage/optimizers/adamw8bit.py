@@ -126,7 +126,7 @@ class AdamW8bitBackend(Backend):
             direction = self._dense_step(state, grad, group, floor)
         else:
             if floor != "none":
-                self._floor(state, floor, group["betas"])
+                self._floor(state, floor, group["betas"], group.get("v_floor_horizon"))
             direction = torch.zeros_like(grad)
             self._kernel(state, grad, direction, group, weight_decay=0.0)
         # direction now holds −lr·m̂/(√v̂+ε): the weight moves by +project_back(direction); per unit of AdamW's M/√V
@@ -150,7 +150,8 @@ class AdamW8bitBackend(Backend):
         beta1, beta2 = group["betas"]
         step = state["step"]
         _, exp_avg, exp_avg_sq = dense_moments(state)
-        floor_second_moment({"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, floor, beta1, beta2)
+        floor_second_moment({"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, floor, beta1, beta2,
+                            group.get("v_floor_horizon"))
         exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
         denom = exp_avg_sq.sqrt().div_(math.sqrt(1.0 - beta2**step)).add_(group["eps"])  # in place: the same bits
@@ -160,11 +161,11 @@ class AdamW8bitBackend(Backend):
         return direction
 
     @staticmethod
-    def _floor(state: dict, floor: str, betas: tuple[float, float]) -> None:
+    def _floor(state: dict, floor: str, betas: tuple[float, float], horizon: int | None) -> None:
         """v_floor before a fused (CUDA) kernel: dequantize, raise V, requantize V (M is read only)."""
         quantized, m, v = dense_moments(state)
         moments = {"step": state["step"], "exp_avg": m, "exp_avg_sq": v}
-        floor_second_moment(moments, floor, *betas)
+        floor_second_moment(moments, floor, *betas, horizon)
         if quantized:
             quantize_into(state, 2, moments["exp_avg_sq"])
 

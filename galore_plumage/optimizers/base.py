@@ -25,6 +25,7 @@ from torch.optim import Optimizer
 from ..projectors import Projector, build_projector, projector_spec
 from ..projectors.base import Outside, compute_dtype
 from .batched_refresh import prepare_batched_refreshes
+from .moment_floor import check_horizon
 from .multi_tensor import steady_together, step_together
 from .options import BY_KEY, OPTIONS, check_options, option_defaults, projector_keys
 from .placement import WHOLE
@@ -265,9 +266,14 @@ class LowRankOptimizer(Optimizer):
         check_rule(group["realign"])
         where = f"low-rank group {index}: "
         check_options({o.key: group[o.key] for o in OPTIONS}, where=where)
+        try:
+            check_horizon(group["v_floor_horizon"], group["v_floor"])
+        except ValueError as error:
+            raise ValueError(f"{where}{error}") from None
         # a row-bias correction, a floor on V or a residual switched on must fit this backend (the table's rule) and
         # have one set of rows (plumage_*'s residual default is off where it cannot apply: residual_rule)
         switched_on = {"row_bias_correction": group["row_bias_correction"], "v_floor": group["v_floor"] != "none",
+                       "v_floor_horizon": group["v_floor_horizon"] is not None,
                        "residual": residual_rule(group, spec.cls) != "none"}
         for key in (key for key, on in switched_on.items() if on):
             check_options({key: group[key]}, backend.name, spec.cls, where)

@@ -15,6 +15,13 @@ coordinate whose gradient keeps its sign the floor holds V near E[g]², and Adam
 lr · √(1 − β2^k) instead of lr: a slow warm-up, over about 1 / (1 − β2) = 1000 updates, of the low-rank weights
 alone (noisy coordinates, where E[g²] ≫ E[g]², are untouched). `m2_corrected` keeps only what the floor does after
 bias correction (no coordinate's normalized step above 1) without that warm-up: the two tell the mechanisms apart.
+
+`v_floor_horizon` H (with m2) sets how long that warm-up lasts: the bound becomes M² (1 − β2^k) / (1 − β_H^k) with
+β_H = 1 − 1/H, so the step on such a coordinate is lr · √(1 − β_H^t), a warm-up over about H updates instead of
+1 / (1 − β2). H = 1 / (1 − β2) is m2 itself; None (the default) is m2 as above. A shorter H ends the warm-up sooner
+but not on that curve: V then grows past the bound at Adam's own pace. Why: the floor's gain over GaLore's recipe
+fades as its warm-up ends (docs/results.md §3: +0.07 at 600 updates, +0.01 at 5000), so a longer run may want a
+longer warm-up.
 """
 
 from __future__ import annotations
@@ -24,31 +31,55 @@ import torch
 V_FLOORS = ("none", "m2", "m2_corrected")
 
 
-def floor_second_moment(state: dict, floor: str, beta1: float, beta2: float) -> None:
-    """Apply `floor` to state's exp_avg_sq in place, before this step's gradient enters (state["step"] counts it)."""
+def floor_second_moment(state: dict, floor: str, beta1: float, beta2: float, horizon: int | None = None) -> None:
+    """Apply `floor` (with v_floor_horizon `horizon`) to state's exp_avg_sq in place, before this step's gradient
+    enters (state["step"] counts it)."""
     if floor == "none" or "exp_avg" not in state:
         return
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
     bound = exp_avg.square()
-    scale = bound_scale(floor, state["step"], beta1, beta2)
+    scale = bound_scale(floor, state["step"], beta1, beta2, horizon)
     if scale != 1.0:  # m2's bound is M² itself: no kernel spent multiplying it by 1
         bound.mul_(scale)
     torch.maximum(exp_avg_sq, bound, out=exp_avg_sq)
 
 
-def floor_second_moments(states: list[dict], floor: str, beta1: float, beta2: float) -> None:
+def floor_second_moments(states: list[dict], floor: str, beta1: float, beta2: float,
+                         horizon: int | None = None) -> None:
     """floor_second_moment over several states that all hold moments, in torch._foreach calls (the same numbers)."""
     exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
     bounds = torch._foreach_mul(exp_avgs, exp_avgs)
-    scales = [bound_scale(floor, s["step"], beta1, beta2) for s in states]
+    scales = [bound_scale(floor, s["step"], beta1, beta2, horizon) for s in states]
     if any(scale != 1.0 for scale in scales):
         torch._foreach_mul_(bounds, scales)
     torch._foreach_maximum_(exp_avg_sqs, bounds)
 
 
-def bound_scale(floor: str, step: int, beta1: float, beta2: float) -> float:
-    """The factor on M² of `floor`'s bound ('m2' or 'm2_corrected') before update `step`: 1, or corrected_bound."""
-    return corrected_bound(step, beta1, beta2) if floor == "m2_corrected" else 1.0
+def bound_scale(floor: str, step: int, beta1: float, beta2: float, horizon: int | None = None) -> float:
+    """The factor on M² of `floor`'s bound ('m2' or 'm2_corrected') before update `step`: 1, corrected_bound, or
+    with a horizon (m2 only) horizon_bound."""
+    if floor == "m2_corrected":
+        return corrected_bound(step, beta1, beta2)
+    return 1.0 if horizon is None else horizon_bound(step, beta2, horizon)
+
+
+def horizon_bound(step: int, beta2: float, horizon: int) -> float:
+    """m2's factor on M² for a warm-up over `horizon` updates: (1 − β2^k) / (1 − β_H^k), β_H = 1 − 1/horizon, for
+    the k = step − 1 updates already in the moments (1 when the horizon is Adam's own, 1 / (1 − β2))."""
+    done = step - 1
+    return (1.0 - beta2**done) / (1.0 - (1.0 - 1.0 / horizon) ** done)
+
+
+def check_horizon(horizon, floor: str) -> None:
+    """v_floor_horizon: None, or a whole number of updates >= 1 with v_floor='m2'."""
+    if horizon is None:
+        return
+    if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
+        raise ValueError(f"v_floor_horizon must be a whole number of updates >= 1 (or None for Adam's own warm-up, "
+                         f"1 / (1 − β2) updates), got {horizon!r}")
+    if floor != "m2":
+        raise ValueError(f"v_floor_horizon={horizon} sets how long v_floor='m2' holds the low-rank step back; with "
+                         f"v_floor={floor!r} it has no effect: set v_floor='m2' or v_floor_horizon=None")
 
 
 def corrected_bound(step: int, beta1: float, beta2: float) -> float:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
-from .moment_floor import V_FLOORS
+from .moment_floor import V_FLOORS, check_horizon
 from .residual import (
     LIMITERS,
     PLUMAGE_LIMITER,
@@ -271,6 +271,11 @@ OPTIONS: tuple[Option, ...] = (
            "that stays at a draw; in effect a slow warm-up of the low-rank weights' step, by √(1 − β2^t)), "
            "'m2_corrected' (the same after bias correction: no normalized step above 1, no warm-up) or 'none' (Adam's)",
            _check_choice("v_floor", V_FLOORS), ("max", None, True), plumage_adam="m2", choices=V_FLOORS,
+           applies=_needs_adam_moments),
+    Option("v_floor_horizon", None, "with v_floor='m2': the warm-up it gives the low-rank step lasts about this many "
+           "updates (the bound M² (1 − β2^k) / (1 − β_H^k), β_H = 1 − 1/H: the step on a coordinate whose gradient "
+           "keeps its sign is lr · √(1 − β_H^t)); None (flag: 'none') = Adam's own 1 / (1 − β2), m2 as it is",
+           lambda value: check_horizon(value, "m2"), (0, -5, 2.5, True, "1000"), parse=parse_optional_int,
            applies=_needs_adam_moments),
 )
 BY_KEY = {option.key: option for option in OPTIONS}

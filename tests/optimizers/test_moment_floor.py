@@ -23,12 +23,12 @@ GROUP = {"lr": 1.0, "betas": BETAS, "eps": 1e-12, "weight_decay": 0.0, "correct_
          "row_bias_correction": False}
 
 
-def _steps(floor: str, grads, rows=0) -> list[torch.Tensor]:
+def _steps(floor: str, grads, rows=0, horizon: int | None = None) -> list[torch.Tensor]:
     """The weight's move, −step_size · direction, at each update of AdamW's low-rank backend."""
     backend, state, moves = AdamWBackend(), {"step": 0}, []
     for grad in grads:
         state["step"] += 1
-        update = backend.update(state, grad, {**GROUP, "v_floor": floor}, None, rows=rows)
+        update = backend.update(state, grad, {**GROUP, "v_floor": floor, "v_floor_horizon": horizon}, None, rows=rows)
         moves.append(update.step_size * update.direction)
     return moves
 
@@ -41,6 +41,36 @@ def test_on_a_steady_gradient_m2_warms_the_step_up_by_the_square_root_of_one_min
         expected = math.sqrt(1 - BETAS[1] ** t) * grad.sign()
         torch.testing.assert_close(floored[t - 1], expected, rtol=2e-3, atol=0)
         torch.testing.assert_close(corrected[t - 1], plain[t - 1], rtol=1e-9, atol=0)  # V̂ = M̂² already: no effect
+
+
+@pytest.mark.parametrize("horizon", [3000, 10000])
+def test_a_horizon_stretches_the_warm_up_to_the_square_root_of_one_minus_beta_h_power(horizon):
+    """v_floor_horizon H: the step on a steady gradient is lr · √(1 − β_H^t), β_H = 1 − 1/H, a longer warm-up than
+    m2's own (H = 1000 at β2 = 0.999)."""
+    grad = torch.tensor([[0.3, -2.0, 1e-3], [5.0, -0.7, 0.01]], dtype=torch.float64)
+    moves = _steps("m2", [grad] * 2000, horizon=horizon)
+    for t in (100, 300, 800, 2000):
+        expected = math.sqrt(1 - (1 - 1 / horizon) ** t) * grad.sign()
+        torch.testing.assert_close(moves[t - 1], expected, rtol=2e-3, atol=0)
+
+
+def test_adams_own_horizon_is_m2():
+    grad = torch.randn(4, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    noisy = [grad + 0.5 * torch.randn(4, 6, generator=torch.Generator().manual_seed(t), dtype=torch.float64)
+             for t in range(300)]
+    for own, plain in zip(_steps("m2", noisy, horizon=1000), _steps("m2", noisy), strict=True):
+        torch.testing.assert_close(own, plain, rtol=1e-9, atol=0)  # β_H = 1 − 1/1000 is β2 = 0.999 to rounding
+
+
+def test_a_horizon_needs_m2_and_adams_moments():
+    model = _model()
+    for floor in ("none", "m2_corrected"):
+        with pytest.raises(ValueError, match=rf"v_floor_horizon=2000 .*v_floor={floor!r} it has no effect"):
+            GaLoreAdamW([{"params": [model.weight], "rank": 4, "v_floor": floor, "v_floor_horizon": 2000}])
+    with pytest.raises(ValueError, match=r"v_floor='m2' .*needs Adam's moments"):  # the floor it needs is refused
+        GaLoreAdafactor([{"params": [model.weight], "rank": 4, "v_floor": "m2", "v_floor_horizon": 2000}],
+                        relative_step=False, lr=1e-3)
+    GaLoreAdamW8bit([{"params": [model.weight], "rank": 4, "v_floor": "m2", "v_floor_horizon": 2000}])
 
 
 @pytest.mark.parametrize("min_8bit_size", [4096, 10**9], ids=["8-bit", "fp32 (small tensor)"])

@@ -41,6 +41,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "residual_cap": (["--residual_cap", "1"], 1.0),
     "residual_horizon": (["--residual_horizon", "20"], 20),
     "v_floor": (["--v_floor", "m2_corrected"], "m2_corrected"),  # not m2: plumage_adamw's default
+    "v_floor_horizon": (["--v_floor_horizon", "3000"], 3000),
 }
 
 
