@@ -28,10 +28,19 @@ def advance_moments(state: dict, grad: torch.Tensor, beta1: float, beta2: float)
     return exp_avg, exp_avg_sq
 
 
-def adam_direction(state: dict, grad: torch.Tensor, beta1: float, beta2: float, eps: float) -> torch.Tensor:
-    """Update the moments in place and return M / (√V + ε)."""
+def adam_direction(state: dict, grad: torch.Tensor, beta1: float, beta2: float, eps: float,
+                   scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """Update the moments in place and return M / (√V + ε), written over `scratch` (a tensor of the moments' shape and
+    dtype that nothing else reads) when one is given.
+
+    The denominator's buffer becomes the direction (torch.div with out= one of its inputs): one fresh moment-sized
+    tensor a step instead of two, or none with a scratch. On a CPU a fresh one of a few MiB is new pages from the
+    kernel, zeroed on first touch, which cost more than the arithmetic done in them (docs/results.md §1, session 24);
+    the numbers are the same bits."""
     exp_avg, exp_avg_sq = advance_moments(state, grad, beta1, beta2)
-    return exp_avg / exp_avg_sq.sqrt().add_(eps)
+    denominator = exp_avg_sq.sqrt() if scratch is None else torch.sqrt(exp_avg_sq, out=scratch)
+    denominator.add_(eps)
+    return torch.div(exp_avg, denominator, out=denominator)
 
 
 class AdamWBackend(Backend):
@@ -57,11 +66,12 @@ class AdamWBackend(Backend):
         if group.get("compile_update"):
             return Update(_compiled_direction(state, grad, group, rows is not None and floor != "none"),
                           _step_size(group, state["step"]), decay)
+        scratch = None  # the floor's M², free once V is floored: the direction is written over it
         if rows is not None and floor != "none":  # a low-rank weight (the floor is a low-rank group's option)
-            floor_second_moment(state, _floor_rule(group), beta1, beta2, group.get("v_floor_horizon"))
+            scratch = floor_second_moment(state, _floor_rule(group), beta1, beta2, group.get("v_floor_horizon"))
         if group.get("row_bias_correction") and rows is not None and group["correct_bias"]:
             return Update(row_corrected_direction(state, grad, rows, beta1, beta2, group["eps"]), group["lr"], decay)
-        direction = adam_direction(state, grad, beta1, beta2, group["eps"])
+        direction = adam_direction(state, grad, beta1, beta2, group["eps"], scratch)
         return Update(direction, _step_size(group, state["step"]), decay)
 
     def update_together(self, states: list[dict], grads: list[torch.Tensor], group: dict) -> list[Update]:

@@ -31,17 +31,20 @@ import torch
 V_FLOORS = ("none", "m2", "m2_corrected")
 
 
-def floor_second_moment(state: dict, floor: str, beta1: float, beta2: float, horizon: int | None = None) -> None:
+def floor_second_moment(state: dict, floor: str, beta1: float, beta2: float,
+                        horizon: int | None = None) -> torch.Tensor | None:
     """Apply `floor` (with v_floor_horizon `horizon`) to state's exp_avg_sq in place, before this step's gradient
-    enters (state["step"] counts it)."""
+    enters (state["step"] counts it). Returns the bound's buffer, which nothing holds (the caller may write over it:
+    AdamW's direction does), or None where no floor was applied."""
     if floor == "none" or "exp_avg" not in state:
-        return
+        return None
     exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
     bound = exp_avg.square()
     scale = bound_scale(floor, state["step"], beta1, beta2, horizon)
     if scale != 1.0:  # m2's bound is M² itself: no kernel spent multiplying it by 1
         bound.mul_(scale)
     torch.maximum(exp_avg_sq, bound, out=exp_avg_sq)
+    return bound
 
 
 def floor_second_moments(states: list[dict], floor: str, beta1: float, beta2: float,

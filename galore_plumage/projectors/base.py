@@ -468,9 +468,11 @@ class Projector:
         """R = G ×_k F_kᵀ, in float32 (float64 for float64 gradients)."""
         self._require_ready("project")
         self._follow_device(grad.device)
-        x = grad.to(self._dtype)
+        x = grad if grad.dtype == self._dtype else grad.to(self._dtype)  # the test is cheaper than a no-op .to
         for mode, factor in self.factors.items():
-            x = mode_product(x, factor.T.to(x.dtype), mode)  # .to: a no-op unless the pool is stored in bfloat16
+            if factor.dtype != x.dtype:  # the pool stored in bfloat16
+                factor = factor.to(x.dtype)
+            x = mode_product(x, factor.T, mode)
         return x
 
     def project_back(self, low: torch.Tensor) -> torch.Tensor:
@@ -507,7 +509,8 @@ class Projector:
         alpha *= self.scale
         if outside is not None:  # F's two terms share one product, F (α·scale·D⁻¹Z − β·w ⊙ R): G − F R is never written
             low, alpha = alpha * low - outside.alpha * (outside.weights * outside.low_grad), 1.0
-        factor = factor.to(low.dtype)  # a no-op unless the pool is stored in bfloat16
+        if factor.dtype != low.dtype:  # the pool stored in bfloat16
+            factor = factor.to(low.dtype)
         if target.dtype != low.dtype:  # a bfloat16 weight with the outside: the float32 product, rounded once
             target.add_(mode_product(low, factor, mode).to(target.dtype), alpha=alpha)
         elif mode == 0:

@@ -158,7 +158,8 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
         "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
         "sampled_step", "row_bias_correction", "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
-        "residual_limiter", "residual_scale", "residual_cap", "residual_horizon", "refresh_ema", "v_floor", "refresh_batch",
+        "residual_limiter", "residual_scale", "residual_cap", "residual_horizon", "refresh_ema", "v_floor", "v_floor_horizon",
+        "refresh_batch",
         "foreach", "compile_update",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
@@ -183,7 +184,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
 def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
     """Group keys added since the first release (solver, max_inv_p, sampled_step, row_bias_correction, resample_every,
     align_signs, pool_factor, pool_bf16, residual, residual_limiter, residual_scale, residual_cap, residual_horizon,
-    refresh_ema, v_floor) are missing
+    refresh_ema, v_floor, v_floor_horizon) are missing
     from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
@@ -199,7 +200,7 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
                                if k not in ("solver", "max_inv_p", "sampled_step", "row_bias_correction",
                                             "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
                                             "residual_limiter", "residual_scale", "residual_cap", "residual_horizon",
-                                            "refresh_ema", "v_floor")}
+                                            "refresh_ema", "v_floor", "v_floor_horizon")}
                               for g in current["param_groups"]]}
     twins = []
     for state_dict in (current, older):
@@ -214,5 +215,6 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
     assert low_rank["sampled_step"] == "adaptive" and low_rank["row_bias_correction"] is False
     assert low_rank["resample_every"] == 0 and low_rank["align_signs"] is False and low_rank["residual"] == "none"
     assert (low_rank["projector"], low_rank["realign"], low_rank["v_floor"]) == ("plumage", "mv", "none")
+    assert low_rank["v_floor_horizon"] is None
     for a, b in zip(twins[0].parameters(), twins[1].parameters(), strict=True):
         assert torch.equal(a, b)
