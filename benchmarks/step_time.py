@@ -35,6 +35,10 @@ torch.cuda.synchronize(), which raises on a machine without CUDA: on CPU it is r
 
     python benchmarks/step_time.py [--sizes 60m,130m,350m] [--reps 7] [--refresh-reps 3]
                                    [--device cpu|cuda] [--threads N] [--out docs/step_time.md]
+                                   [--only "plumage_adamw default (,..."]
+
+--only times just the rows whose names contain one of the comma-separated strings, with galore-torch's reference
+rows and the floor always kept (more repetitions of a few rows in the time of a full run).
 """
 
 from __future__ import annotations
@@ -288,7 +292,7 @@ def build_all(cands: list[Candidate], grads, rank: int, gap: int, device, result
 def measure_size(label: str, args, device: torch.device) -> list[Result]:
     h, i, rank = SIZES[label]
     grads = random_tensors(layer_shapes(h, i).values(), device, SEED)
-    cands = candidates()
+    cands = selected(candidates(), args.only)
     results = {c.name: Result(c.name, c.family) for c in cands} | {FLOOR: Result(FLOOR, "adamw")}
 
     print(f"{label}: h={h} i={i} rank={rank}, steady steps", flush=True)
@@ -304,6 +308,13 @@ def measure_size(label: str, args, device: torch.device) -> list[Result]:
     for name, seconds in time_interleaved(steps, args.refresh_reps, device, "refresh").items():
         results[name].refresh = seconds
     return list(results.values())
+
+
+def selected(cands: list[Candidate], only: list[str] | None) -> list[Candidate]:
+    """The candidates whose names contain one of `only` (all of them for None), galore-torch's references kept."""
+    if only is None:
+        return cands
+    return [c for c in cands if c.name in REFERENCE.values() or any(part in c.name for part in only)]
 
 
 # ----------------------------------------------------------------------------------------- reporting
@@ -391,6 +402,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=None,
                         help="report path (default docs/step_time.md, docs/step_time_cuda.md on CUDA)")
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+                        help="comma-separated parts of row names: time only those rows (and galore-torch's)")
     args = parser.parse_args(argv)
     args.sizes = args.sizes.split(",")
     unknown = [s for s in args.sizes if s not in SIZES]

@@ -62,3 +62,12 @@ def test_the_compile_update_row_steps_as_the_default_row_through_the_compiled_up
     for a, b in zip(compiled, eager, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert len(calls) == 2 * 5  # both weights, every step
+
+
+def test_only_keeps_the_named_rows_and_every_galore_torch_reference():
+    rows = step_time.selected(step_time.candidates(), ["plumage_adamw default ("])
+    names = {c.name for c in rows}
+    assert set(step_time.REFERENCE.values()) <= names
+    ours = names - set(step_time.REFERENCE.values())
+    assert ours and all("plumage_adamw default (" in name for name in ours)
+    assert {c.name for c in step_time.selected(step_time.candidates(), None)} == {c.name for c in step_time.candidates()}
