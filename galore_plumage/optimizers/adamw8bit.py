@@ -150,11 +150,13 @@ class AdamW8bitBackend(Backend):
         beta1, beta2 = group["betas"]
         step = state["step"]
         _, exp_avg, exp_avg_sq = dense_moments(state)
-        floor_second_moment({"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, floor, beta1, beta2,
-                            group.get("v_floor_horizon"))
+        # the floor's M² buffer, free once V is floored, takes the denominator (as in AdamW's update)
+        scratch = floor_second_moment({"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}, floor, beta1, beta2,
+                                      group.get("v_floor_horizon"))
         exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        denom = exp_avg_sq.sqrt().div_(math.sqrt(1.0 - beta2**step)).add_(group["eps"])  # in place: the same bits
+        denom = exp_avg_sq.sqrt() if scratch is None else torch.sqrt(exp_avg_sq, out=scratch)
+        denom.div_(math.sqrt(1.0 - beta2**step)).add_(group["eps"])  # in place: the same bits
         direction = exp_avg.mul(-group["lr"] / (1.0 - beta1**step)).div_(denom)
         quantize_into(state, 1, exp_avg)
         quantize_into(state, 2, exp_avg_sq)
