@@ -34,8 +34,8 @@ def adam_direction(state: dict, grad: torch.Tensor, beta1: float, beta2: float, 
     dtype that nothing else reads) when one is given.
 
     The denominator's buffer becomes the direction (torch.div with out= one of its inputs): one fresh moment-sized
-    tensor a step instead of two, or none with a scratch. On a CPU a fresh one of a few MiB is new pages from the
-    kernel, zeroed on first touch, which cost more than the arithmetic done in them (docs/results.md §1, session 24);
+    tensor a step instead of two, or none with a scratch (a fresh one of a few MiB may be new pages the kernel
+    zeroes on first touch; the whole change measured 0.97-0.99x of a steady step, docs/results.md §1, session 24);
     the numbers are the same bits."""
     exp_avg, exp_avg_sq = advance_moments(state, grad, beta1, beta2)
     denominator = exp_avg_sq.sqrt() if scratch is None else torch.sqrt(exp_avg_sq, out=scratch)

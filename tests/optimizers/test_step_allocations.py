@@ -1,7 +1,7 @@
 """How many moment-sized tensors AdamW's low-rank update makes fresh: one, with or without v_floor.
 
-On a CPU a fresh tensor of a few MiB is new pages, zeroed by the kernel on first touch, which inside a step cost more
-than the arithmetic in them (docs/results.md §1, session 24): the direction is written over the denominator's buffer,
+On a CPU a fresh tensor of a few MiB may be new pages the kernel zeroes on first touch (docs/results.md §1, session 24:
+0.97-0.99x of a steady step): the direction is written over the denominator's buffer,
 and that buffer is the floor's M² once V is floored. Counted by intercepting every aten call and keeping the outputs
 whose storage is none of the call's inputs'; the numbers must be the plain formula's, bit for bit.
 """
