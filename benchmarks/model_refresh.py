@@ -22,9 +22,12 @@ refreshing from its own decomposition (Projector.prepare): optimizers/batched_re
 own path; `together` only.
 
     python benchmarks/model_refresh.py [--sizes 60m,130m] [--reps 3] [--tau 200] [--device cpu|cuda] [--threads N]
-                                       [--out docs/model_refresh.md]
+                                       [--only "ours svd (gram),..."] [--batches 8,32|none] [--out docs/model_refresh.md]
 
-On a CPU, 350m takes minutes a row and 1b/7b hours: run those on a GPU.
+On a CPU, 350m takes minutes a row and 1b/7b hours: run those on a GPU. --only times just the rows whose names contain
+one of the comma-separated strings; galore-torch's row only when named too (at 7b it is 224 SVDs of up to 4096 × 11008
+a rep), and without it the ratio columns read "—". --batches: the batch sizes of the "batched B" rows ("none": no
+such rows).
 """
 
 from __future__ import annotations
@@ -117,9 +120,9 @@ def rows(rank: int) -> dict[str, Callable[[torch.Tensor], None]]:
     return table
 
 
-def batched_rows(rank: int) -> dict[str, Callable[[list[torch.Tensor]], None]]:
+def batched_rows(rank: int, batches: tuple[int, ...] = BATCHES) -> dict[str, Callable[[list[torch.Tensor]], None]]:
     return {f"ours svd ({solver}), batched {batch}": our_batched_refresh("svd", rank, batch, solver=solver)
-            for solver in ("svd", "gram") for batch in BATCHES}
+            for solver in ("svd", "gram") for batch in batches}
 
 
 def timed(refresh: Callable, grad: torch.Tensor | list[torch.Tensor]) -> float:
@@ -131,12 +134,18 @@ def timed(refresh: Callable, grad: torch.Tensor | list[torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
-def measure(size: str, reps: int, tau: int, device: torch.device) -> list[str]:
+def selected(table: dict[str, Callable], only: list[str] | None) -> dict[str, Callable]:
+    """The rows whose names contain one of `only` (all of them for None)."""
+    return table if only is None else {name: row for name, row in table.items() if any(part in name for part in only)}
+
+
+def measure(size: str, reps: int, tau: int, device: torch.device, only: list[str] | None = None,
+            batches: tuple[int, ...] = BATCHES) -> list[str]:
     shapes = projected_shapes(size)
     rank = RANKS[size]
     distinct = list(dict.fromkeys(shapes))
     grads = dict(zip(distinct, random_tensors(distinct, device, SEED), strict=True))
-    table, batched = rows(rank), batched_rows(rank)
+    table, batched = selected(rows(rank), only), selected(batched_rows(rank, batches), only)
     for refresh in table.values():  # warm-up: library loading, workspace allocation
         refresh(grads[shapes[0]])
     for refresh in batched.values():
@@ -153,7 +162,7 @@ def measure(size: str, reps: int, tau: int, device: torch.device) -> list[str]:
                 per_shape[name][shape].extend(values)
         for name, refresh in batched.items():  # each shape's weights in calls of the row's batch
             totals[name].append(sum(timed(refresh, [grads[shape]] * shapes.count(shape)) for shape in grads))
-    reference = statistics.median(totals[GALORE_TORCH])
+    reference = statistics.median(totals[GALORE_TORCH]) if GALORE_TORCH in totals else None
     lines = [f"## {size}: {len(shapes)} projected weights, rank {rank}", "",
              f"| refresh | together s | / galore-torch | staggered: slowest update s (τ = {tau}) | / galore-torch together |",
              "|---|---:|---:|---:|---:|"]
@@ -163,9 +172,27 @@ def measure(size: str, reps: int, tau: int, device: torch.device) -> list[str]:
         if name in per_shape and name != GALORE_TORCH:  # staggered weights rarely share a step)
             median_shape = {shape: statistics.median(values) for shape, values in per_shape[name].items()}
             slowest = slowest_staggered_update([median_shape[shape] for shape in shapes], tau)
-            staggered = f"{slowest:.3f} | {slowest / reference:.3f}"
-        lines.append(f"| {name} | {together:.2f} | {together / reference:.2f} | {staggered} |")
+            staggered = f"{slowest:.3f} | {share(slowest, reference, 3)}"
+        lines.append(f"| {name} | {together:.2f} | {share(together, reference, 2)} | {staggered} |")
     return lines
+
+
+def share(seconds: float, reference: float | None, digits: int) -> str:
+    """seconds / galore-torch's together, or "—" where its row was not timed (--only)."""
+    return "—" if reference is None else f"{seconds / reference:.{digits}f}"
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """--batches: "none" or comma-separated integers >= 2 (a batch of 1 is the unbatched row)."""
+    if text == "none":
+        return ()
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 2:
+        raise argparse.ArgumentTypeError(f"--batches {text!r}: give integers >= 2 separated by commas, or 'none'")
+    return sizes
 
 
 def main() -> None:
@@ -175,6 +202,10 @@ def main() -> None:
     parser.add_argument("--tau", type=int, default=200)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=None, help="torch threads on a CPU (default: torch's)")
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+                        help="comma-separated parts of row names: time only those rows (galore-torch's too only if named)")
+    parser.add_argument("--batches", type=batch_sizes, default=BATCHES,
+                        help="batch sizes of the 'batched B' rows, comma-separated, or 'none' (default: 8,32)")
     parser.add_argument("--out", default=None, help="write the tables here too (markdown)")
     args = parser.parse_args()
     unknown = [s for s in args.sizes if s not in RANKS]
@@ -189,7 +220,7 @@ def main() -> None:
              f"Reps: {args.reps} (medians). What each column is: the docstring of benchmarks/model_refresh.py.", ""]
     print("\n".join(lines), flush=True)
     for size in args.sizes:
-        section = measure(size, args.reps, args.tau, device) + [""]
+        section = measure(size, args.reps, args.tau, device, args.only, args.batches) + [""]
         print("\n".join(section), flush=True)
         lines += section
     if args.out:

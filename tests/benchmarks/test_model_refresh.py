@@ -3,6 +3,7 @@ update adds the weights due together, its shapes are the model's projected weigh
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -51,3 +52,29 @@ def test_every_batched_row_refreshes_same_shaped_gradients():
     grads = list(torch.randn(3, 48, 32, generator=torch.Generator().manual_seed(0)))
     for name, refresh in model_refresh.batched_rows(rank=8).items():
         assert model_refresh.timed(refresh, grads) > 0, name
+
+
+def test_only_times_the_named_rows_and_leaves_the_ratios_blank_without_galore_torch(monkeypatch):
+    monkeypatch.setitem(model_refresh.RANKS, "tiny", 4)
+    monkeypatch.setattr(model_refresh, "projected_shapes", lambda size: [(24, 16), (16, 40), (24, 16)])
+    lines = model_refresh.measure("tiny", reps=1, tau=3, device=torch.device("cpu"), only=["ours svd (gram)"])
+    table = [line for line in lines if line.startswith("| ours") or line.startswith("| galore")]
+    assert [line.split(" | ")[0] for line in table] == ["| ours svd (gram)", "| ours svd (gram), batched 8",
+                                                       "| ours svd (gram), batched 32"]
+    assert table[0].split(" | ")[2] == "—" and table[0].split(" | ")[4].rstrip(" |") == "—"
+    with_reference = model_refresh.measure("tiny", reps=1, tau=3, device=torch.device("cpu"),
+                                           only=["ours svd (gram)", "galore-torch"])
+    row = next(line for line in with_reference if line.startswith("| ours svd (gram) |"))
+    assert float(row.split(" | ")[2]) > 0  # a ratio against galore-torch's row, timed this time
+
+
+def test_batches_none_drops_the_batched_rows_and_bad_sizes_are_refused(monkeypatch):
+    monkeypatch.setitem(model_refresh.RANKS, "tiny", 4)
+    monkeypatch.setattr(model_refresh, "projected_shapes", lambda size: [(24, 16), (24, 16)])
+    lines = model_refresh.measure("tiny", reps=1, tau=2, device=torch.device("cpu"), only=["ours svd (gram)"],
+                                  batches=model_refresh.batch_sizes("none"))
+    assert [line.split(" | ")[0] for line in lines if line.startswith("| ours")] == ["| ours svd (gram)"]
+    assert model_refresh.batch_sizes("4,16") == (4, 16)
+    for bad in ("1", "8,x", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="--batches"):
+            model_refresh.batch_sizes(bad)
