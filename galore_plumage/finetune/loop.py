@@ -1,8 +1,10 @@
 """The fine-tuning run behind run_glue.py: task, model, optimizer, epochs of training and validation, summary.
 
-Per epoch, metrics.jsonl gets the mean training loss and the validation accuracy; at the end one
-`final` record: terminal train loss (the mean over the last epoch), best validation accuracy,
-optimizer-state bytes, trainable parameters and wall time, also printed as a table.
+An update sums the gradients of --gradient_accumulation_steps batches; a partial accumulation at the end of an epoch
+carries into the next, so every update (per-layer mode's too) sums the same number of batches. Per epoch,
+metrics.jsonl gets the mean training loss (over its batches) and the validation accuracy; at the end one `final`
+record: terminal train loss (the mean over the last epoch), best validation accuracy, optimizer-state bytes, trainable
+parameters and wall time, also printed as a table.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..training.metrics import METRICS_FILE, MetricsLog, Progress, projector_rec
 from ..training.schedule import step_scheduler
 from .config import FinetuneConfig
 from .model import apply_lora, load_classifier, target_modules
-from .tasks import Split, load_task
+from .tasks import Split, load_files, load_task
 
 
 def optimizer_state_bytes(optimizer) -> int:
@@ -38,6 +40,7 @@ def build_model_and_optimizer(config: FinetuneConfig, num_labels: int, label_nam
         model = apply_lora(model, targets, config.lora_r, config.lora_alpha, config.lora_dropout)
     optimizer = build_optimizer(
         config.optimizer, model, lr=config.learning_rate, rank=config.lora_r, target_modules=targets,
+        accumulation_steps=config.gradient_accumulation_steps,
         update_proj_gap=config.update_proj_gap, scale=config.galore_scale, proj_type=config.proj_type,
         projector=config.projector, realign=config.realign, preset=config.preset, weight_decay=config.weight_decay,
         seed=config.seed, **config.low_rank,
@@ -45,12 +48,15 @@ def build_model_and_optimizer(config: FinetuneConfig, num_labels: int, label_nam
     return model, tokenizer, optimizer
 
 
-def batches(split: Split, tokenizer, max_length: int, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
-    """Tokenized once; each batch padded to its longest example. Shuffling uses its own generator (seeded)."""
+def batches(split: Split, tokenizer, max_length: int, batch_size: int, shuffle: bool, seed: int,
+            pad_to_max_length: bool = False) -> DataLoader:
+    """Tokenized once; each batch padded to its longest example, or every example to max_length. Shuffling uses its own
+    generator (seeded)."""
     from transformers import DataCollatorWithPadding
 
     columns = list(zip(*split.texts, strict=True))
-    encoded = tokenizer(*columns, truncation=True, max_length=max_length)
+    encoded = tokenizer(*columns, truncation=True, max_length=max_length,
+                        padding="max_length" if pad_to_max_length else False)
     rows = [{**{key: values[i] for key, values in encoded.items()}, "labels": label} for i, label in enumerate(split.labels)]
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(rows, batch_size=batch_size, shuffle=shuffle, generator=generator,
@@ -83,13 +89,22 @@ def run(config: FinetuneConfig):
     if (output_dir / METRICS_FILE).exists():
         raise FileExistsError(f"{output_dir / METRICS_FILE} exists: pick another --output_dir or delete that folder")
     start = time.perf_counter()
-    task = load_task(config.task_name, config.data_dir, config.max_train_samples, config.max_eval_samples)
+    if config.train_file is not None:
+        task = load_files(config.train_file, config.validation_file, config.max_train_samples, config.max_eval_samples)
+    else:
+        task = load_task(config.task_name, config.data_dir, config.max_train_samples, config.max_eval_samples)
     seed_everything(config.seed)
     model, tokenizer, optimizer = build_model_and_optimizer(config, task.num_labels, task.label_names)
     routing = describe_routing(optimizer.routing, config.lora_r if config.peft == "none" else None)
-    train_loader = batches(task.train, tokenizer, config.max_length, config.per_device_train_batch_size, True, config.seed)
-    eval_loader = batches(task.validation, tokenizer, config.max_length, config.per_device_eval_batch_size, False, 0)
-    total_steps = len(train_loader) * config.num_train_epochs
+    pad = config.pad_to_max_length
+    train_loader = batches(task.train, tokenizer, config.max_length, config.per_device_train_batch_size, True,
+                           config.seed, pad)
+    eval_loader = batches(task.validation, tokenizer, config.max_length, config.per_device_eval_batch_size, False, 0, pad)
+    accumulation = config.gradient_accumulation_steps
+    total_steps = len(train_loader) * config.num_train_epochs // accumulation
+    if total_steps == 0:
+        raise ValueError(f"--gradient_accumulation_steps {accumulation} is more than the {len(train_loader)} batches "
+                         f"x {config.num_train_epochs} epochs of training: lower it, or train on more examples or epochs")
     if config.max_train_steps is not None:
         total_steps = min(total_steps, config.max_train_steps)
     inner = inner_optimizer(optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
@@ -103,19 +118,26 @@ def run(config: FinetuneConfig):
     progress.write(routing.splitlines()[0] + f"; {trainable:,} trainable parameters")
     model.train()
     step, epoch_losses, accuracies = 0, [], []
+    pending, tokens = [], 0  # the losses and tokens of the batches summed into the next update
     for epoch in range(1, config.num_train_epochs + 1):
         losses = []
         for batch in train_loader:
             loss = model(**batch).loss
-            loss.backward()
+            (loss / accumulation).backward()
+            losses.append(loss.item())
+            pending.append(losses[-1])
+            tokens += int(batch["attention_mask"].sum())
+            if len(pending) < accumulation:
+                continue
             optimizer.step()
             step_scheduler(scheduler)
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            losses.append(loss.item())
+            update_loss = sum(pending) / len(pending)
             lr = scheduler.get_last_lr()[-1]
-            log.write("train", step=step, epoch=epoch, loss=losses[-1], lr=lr)
-            progress.update(losses[-1], lr, int(batch["attention_mask"].sum()))
+            log.write("train", step=step, epoch=epoch, loss=update_loss, lr=lr)
+            progress.update(update_loss, lr, tokens)
+            pending, tokens = [], 0
             if step >= total_steps:
                 break
         epoch_losses.append(sum(losses) / len(losses))

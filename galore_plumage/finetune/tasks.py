@@ -1,4 +1,5 @@
-"""Classification tasks: the offline default built from the bundled corpus, and GLUE through `datasets`.
+"""Classification tasks: the offline default built from the bundled corpus, GLUE through `datasets`, and the user's own
+files (--train_file / --validation_file).
 
 The offline task, `shakespeare_plays`: is a passage of dialogue from Macbeth (label 0) or from A Midsummer
 Night's Dream (label 1)? A passage is LINES_PER_PASSAGE consecutive spoken lines (speaker tags, stage
@@ -37,6 +38,7 @@ GLUE_TASKS = {
     "wnli": ("sentence1", "sentence2", "validation"),
 }
 TASKS = (OFFLINE_TASK, *GLUE_TASKS, "stsb")  # stsb is listed only to refuse it with a reason
+DATA_FILE_SUFFIXES = (".csv", ".json", ".jsonl")
 
 _SPEAKER = re.compile(r"^[A-Z][A-Z0-9 ,'&\-]*\.$")  # "MACBETH." "FIRST WITCH." "LADY MACBETH."
 _HEADING = re.compile(r"^(ACT|SCENE|Scene|Act)\b")
@@ -73,6 +75,97 @@ def load_task(name: str, data_dir: str | Path = "data", max_train: int | None = 
     else:
         raise ValueError(f"unknown --task_name {name!r}; choose one of: {', '.join(sorted(TASKS))}")
     return TaskData(task.name, task.label_names, _head(task.train, max_train), _head(task.validation, max_eval))
+
+
+def load_files(train_file: str | Path, validation_file: str | Path, max_train: int | None = None,
+               max_eval: int | None = None) -> TaskData:
+    """The user's own classification data, as GaLore's (HF's) run_glue.py reads --train_file / --validation_file.
+
+    Each file is a table of rows: CSV with a header, JSON Lines, or a JSON list of objects. One column is `label`; the
+    texts are sentence1 and sentence2 when both exist, else the first two other columns (the first one alone in a
+    table of two columns). The classes are the training file's labels, sorted (as numbers when all are integers); a
+    validation label the training file lacks, or a fractional one (a regression target), is refused by value.
+    """
+    train_rows, validation_rows = _read_rows(Path(train_file)), _read_rows(Path(validation_file))
+    columns = _text_columns(list(train_rows[0]), train_file)
+    classes = sorted({_class(row, i, train_file) for i, row in enumerate(train_rows)}, key=_class_order)
+    index = {name: i for i, name in enumerate(classes)}
+
+    def split(rows: list[dict], path) -> Split:
+        texts, labels = [], []
+        for i, row in enumerate(rows):
+            missing = [c for c in columns if row.get(c) is None]
+            if missing:
+                raise ValueError(f"{path}: row {i + 1} has no {', '.join(missing)}; every row needs the text columns "
+                                 f"{', '.join(columns)} and a label")
+            label = _class(row, i, path)
+            if label not in index:
+                raise ValueError(f"{path}: row {i + 1} has label {label!r}, which no row of the training file has "
+                                 f"(classes: {', '.join(classes)})")
+            texts.append(tuple(str(row[c]) for c in columns))
+            labels.append(index[label])
+        return Split(texts, labels)
+
+    name = Path(train_file).stem
+    return TaskData(name, tuple(classes), _head(split(train_rows, train_file), max_train),
+                    _head(split(validation_rows, validation_file), max_eval))
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """The rows of a CSV (header first), JSON Lines or JSON-list file, each a dict of column to value."""
+    import csv
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".csv":
+        rows = list(csv.DictReader(text.splitlines()))
+    else:
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError:  # JSON Lines: one object a line
+            try:
+                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}: neither a JSON list nor JSON Lines ({error})") from error
+        if isinstance(rows, dict):
+            rows = [rows]
+    if not rows or not all(isinstance(row, dict) for row in rows):
+        raise ValueError(f"{path}: expected rows of named columns (a CSV header, or JSON objects), found "
+                         f"{'none' if not rows else type(next(r for r in rows if not isinstance(r, dict))).__name__}")
+    if "label" not in rows[0]:
+        raise ValueError(f"{path}: no 'label' column (columns: {', '.join(rows[0])}); name the class column 'label'")
+    return rows
+
+
+def _text_columns(names: list[str], path) -> tuple[str, ...]:
+    others = [name for name in names if name != "label"]
+    if "sentence1" in others and "sentence2" in others:
+        return ("sentence1", "sentence2")
+    if not others:
+        raise ValueError(f"{path}: only a 'label' column; add one or two text columns")
+    return tuple(others[:2])
+
+
+def _class(row: dict, i: int, path) -> str:
+    """A row's label as a class name: a whole number as its digits (1, "1" and 1.0 are one class), anything else as
+    its text; a fractional number is a regression target, which is refused."""
+    value = row.get("label")
+    text = str(value).lower() if isinstance(value, bool) else "" if value is None else str(value).strip()
+    if not text:
+        raise ValueError(f"{path}: row {i + 1} has no label")
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if not number.is_integer():
+        raise ValueError(f"{path}: row {i + 1} has label {value!r}, not a whole number: this script fine-tunes "
+                         "classifiers only (a regression task such as stsb is refused)")
+    return str(int(number))
+
+
+def _class_order(name: str):
+    """Integers in numeric order before names in alphabetical order (so 2 sorts before 10)."""
+    return (0, int(name), "") if name.lstrip("-").isdigit() else (1, 0, name)
 
 
 def _head(split: Split, count: int | None) -> Split:

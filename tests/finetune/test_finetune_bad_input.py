@@ -49,9 +49,22 @@ def test_folder_without_a_model_is_named(capsys, tmp_path):
     (["--max_train_samples", "0"], "--max_train_samples must be >= 1"),
     (["--learning_rate", "-1"], "--learning_rate must be >= 0"),
     (["--lora_dropout", "1.0"], "--lora_dropout must be in"),
+    (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be >= 1, got 0"),
+    (["--task_name", "mrpc", "--train_file", "t.csv", "--validation_file", "v.csv"], "pass a task, or your files"),
+    (["--train_file", "t.csv"], "--train_file needs --validation_file too"),
+    (["--validation_file", "v.csv"], "--validation_file needs --train_file too"),
+    (["--train_file", "t.txt", "--validation_file", "v.csv"], "--train_file t.txt: expected a .csv, .json, .jsonl file"),
+    (["--train_file", "missing.csv", "--validation_file", "v.csv"], "--train_file missing.csv: no such file"),
 ])
 def test_conflicting_or_out_of_range_flags(capsys, argv, message):
     assert message in _error(capsys, argv, 2)
+
+
+def test_more_accumulation_than_batches_is_refused(capsys, tmp_path):
+    write_plays(tmp_path / "data")
+    err = _error(capsys, ["--data_dir", str(tmp_path / "data"), "--max_train_samples", "32", "--num_train_epochs", "1",
+                          "--gradient_accumulation_steps", "3", "--output_dir", str(tmp_path / "run"), "--no-progress"], 1)
+    assert "--gradient_accumulation_steps 3 is more than the 2 batches x 1 epochs" in err
 
 
 def test_a_cap_for_lora_is_refused_naming_the_flag():
