@@ -3,7 +3,7 @@
 GaLore's meanings are kept so its commands work unchanged: `--enable_galore` turns on low-rank optimizer
 groups, `--lora_r` is the GaLore rank, `--lora_all_modules` projects every attention and MLP linear
 weight instead of the query only, `--galore_scale` defaults to 1.0 as in GaLore's fine-tuning script.
-`--train_file` / `--validation_file` (a CSV or JSON Lines file of your own), `--gradient_accumulation_steps` and
+`--train_file` / `--validation_file` (CSV, JSON Lines or a JSON list of your own), `--gradient_accumulation_steps` and
 `--pad_to_max_length` are the flags of GaLore's (HF's) script too. Our additions: `--optimizer` / `--projector` /
 `--realign` from the registries (a low-rank name implies
 `--enable_galore`), the low-rank options of optimizers/options.py (`--max_inv_p`, `--sampled_step`, `--solver`, ...:
@@ -166,7 +166,8 @@ def _resolve_data(c: FinetuneConfig) -> None:
     for name in ("train_file", "validation_file"):
         path = Path(getattr(c, name))
         if path.suffix not in DATA_FILE_SUFFIXES:
-            raise ValueError(f"--{name} {path}: expected a {', '.join(DATA_FILE_SUFFIXES)} file")
+            raise ValueError(f"--{name} {path}: expected a {', '.join(DATA_FILE_SUFFIXES[:-1])} or "
+                             f"{DATA_FILE_SUFFIXES[-1]} file")
         if not path.is_file():
             raise ValueError(f"--{name} {path}: no such file")
 

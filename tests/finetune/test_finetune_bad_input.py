@@ -53,7 +53,7 @@ def test_folder_without_a_model_is_named(capsys, tmp_path):
     (["--task_name", "mrpc", "--train_file", "t.csv", "--validation_file", "v.csv"], "pass a task, or your files"),
     (["--train_file", "t.csv"], "--train_file needs --validation_file too"),
     (["--validation_file", "v.csv"], "--validation_file needs --train_file too"),
-    (["--train_file", "t.txt", "--validation_file", "v.csv"], "--train_file t.txt: expected a .csv, .json, .jsonl file"),
+    (["--train_file", "t.txt", "--validation_file", "v.csv"], "--train_file t.txt: expected a .csv, .json or .jsonl file"),
     (["--train_file", "missing.csv", "--validation_file", "v.csv"], "--train_file missing.csv: no such file"),
 ])
 def test_conflicting_or_out_of_range_flags(capsys, argv, message):
