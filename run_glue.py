@@ -25,6 +25,11 @@ pairs:
     python run_glue.py --train_file train.csv --validation_file dev.jsonl --optimizer plumage_adamw \
         --lora_all_modules --per_device_train_batch_size 8 --gradient_accumulation_steps 2
 
+Checkpoints every 100 updates, and a run continued from its newest one:
+
+    python run_glue.py ... --checkpointing_steps 100 --output_dir runs/mine
+    python run_glue.py ... --output_dir runs/mine --resume_from_checkpoint runs/mine/checkpoints
+
 Add --projector / --realign to swap the projection of any low-rank optimizer. Writes
 <output_dir>/metrics.jsonl (per-step train loss, per-epoch train loss and validation accuracy, a final
 summary). All flags: python run_glue.py --help. Comparison: benchmarks/finetune_compare.py.

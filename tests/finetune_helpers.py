@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -48,3 +49,8 @@ def save_tiny_bert(folder: Path, seed: int = 0, dropout: float = 0.1) -> Path:
     torch.manual_seed(seed)
     BertModel(config).save_pretrained(folder)  # an encoder with its pooler and no classification head, as MiniLM
     return folder
+
+
+def records(out: Path, kind: str) -> list[dict]:
+    """The records of one type in a run's metrics.jsonl, in order."""
+    return [r for r in map(json.loads, (Path(out) / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]

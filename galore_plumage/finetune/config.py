@@ -3,8 +3,9 @@
 GaLore's meanings are kept so its commands work unchanged: `--enable_galore` turns on low-rank optimizer
 groups, `--lora_r` is the GaLore rank, `--lora_all_modules` projects every attention and MLP linear
 weight instead of the query only, `--galore_scale` defaults to 1.0 as in GaLore's fine-tuning script.
-`--train_file` / `--validation_file` (CSV, JSON Lines or a JSON list of your own), `--gradient_accumulation_steps` and
-`--pad_to_max_length` are the flags of GaLore's (HF's) script too. Our additions: `--optimizer` / `--projector` /
+`--train_file` / `--validation_file` (CSV, JSON Lines or a JSON list of your own), `--gradient_accumulation_steps`,
+`--pad_to_max_length`, `--checkpointing_steps` and `--resume_from_checkpoint` are the flags of GaLore's (HF's) script
+too. Our additions: `--optimizer` / `--projector` /
 `--realign` from the registries (a low-rank name implies
 `--enable_galore`), the low-rank options of optimizers/options.py (`--max_inv_p`, `--sampled_step`, `--solver`, ...:
 the same flags as torchrun_main.py), and `--peft lora`, a real LoRA baseline, where `--lora_r` is LoRA's r.
@@ -29,6 +30,7 @@ from ..optimizers import (
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
 from ..training.config import add_flags, add_option_flags, flag, split_options
+from .resume import checkpoint_every
 from .tasks import DATA_FILE_SUFFIXES, OFFLINE_TASK, TASKS
 
 SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
@@ -87,6 +89,10 @@ class FinetuneConfig:
     lora_dropout: float = flag(0.0, "dropout on LoRA's input")
     # --- output
     output_dir: str = flag(None, "metrics.jsonl goes here; default runs/glue-<task>-<method>")
+    checkpointing_steps: str = flag(None, "save a checkpoint every N updates, or 'epoch' after each epoch (at the first "
+                                          "update boundary after it), under <output_dir>/checkpoints/model_<update>")
+    resume_from_checkpoint: str = flag(None, "continue a run exactly from a checkpoint folder (model_<update>) or from a "
+                                             "checkpoints folder (its newest complete one), with the same flags")
     progress: bool = flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)
     # the options of optimizers/options.py given on the command line (flags made from that table)
     low_rank: dict = field(default_factory=dict, metadata={"derived": True})
@@ -144,6 +150,7 @@ def resolve(config: FinetuneConfig) -> FinetuneConfig:
     if spec.projector is None and (c.projector is not None or c.realign is not None):
         raise ValueError(f"--projector / --realign need a low-rank optimizer; --optimizer {c.optimizer} is full-rank")
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)
+    checkpoint_every(c.checkpointing_steps)
     if c.output_dir is None:
         c.output_dir = str(Path("runs") / f"glue-{c.task_name or Path(c.train_file).stem}-{c.method}")
     return c

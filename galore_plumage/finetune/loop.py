@@ -9,6 +9,7 @@ parameters and wall time, also printed as a table.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -24,6 +25,7 @@ from ..training.metrics import METRICS_FILE, MetricsLog, Progress, projector_rec
 from ..training.schedule import step_scheduler
 from .config import FinetuneConfig
 from .model import apply_lora, load_classifier, target_modules
+from .resume import Position, checkpoint_every, restore, save
 from .tasks import Split, load_files, load_task
 
 
@@ -86,8 +88,9 @@ def run(config: FinetuneConfig):
     from transformers import get_scheduler
 
     output_dir = Path(config.output_dir)
-    if (output_dir / METRICS_FILE).exists():
-        raise FileExistsError(f"{output_dir / METRICS_FILE} exists: pick another --output_dir or delete that folder")
+    if (output_dir / METRICS_FILE).exists() and config.resume_from_checkpoint is None:
+        raise FileExistsError(f"{output_dir / METRICS_FILE} exists: pick another --output_dir, delete that folder, or "
+                              "continue its run with --resume_from_checkpoint")
     start = time.perf_counter()
     if config.train_file is not None:
         task = load_files(config.train_file, config.validation_file, config.max_train_samples, config.max_eval_samples)
@@ -109,51 +112,73 @@ def run(config: FinetuneConfig):
         total_steps = min(total_steps, config.max_train_steps)
     inner = inner_optimizer(optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
     scheduler = get_scheduler(config.lr_scheduler_type, inner, config.num_warmup_steps, total_steps)
+    shuffler = train_loader.generator  # each epoch's order is drawn from it as the epoch begins
+    position = Position(shuffle_state=shuffler.get_state())
+    resumed = None
+    if config.resume_from_checkpoint is not None:
+        resumed, position = restore(config, model, optimizer, scheduler)
 
     log = MetricsLog(output_dir, enabled=True)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.write("config", **asdict(config), trainable_parameters=trainable, train_examples=len(task.train.labels),
-              eval_examples=len(task.validation.labels))
-    progress = Progress(total_steps, 0, config.progress)
-    progress.write(routing.splitlines()[0] + f"; {trainable:,} trainable parameters")
+    if resumed is None:
+        log.write("config", **asdict(config), trainable_parameters=trainable, train_examples=len(task.train.labels),
+                  eval_examples=len(task.validation.labels))
+    else:
+        log.write("resumed", step=position.step, checkpoint=str(resumed))
+    progress = Progress(total_steps, position.step, config.progress)
+    progress.write(routing.splitlines()[0] + f"; {trainable:,} trainable parameters"
+                   + (f"; resumed from {resumed} at update {position.step}" if resumed else ""))
+    every = checkpoint_every(config.checkpointing_steps)
     model.train()
-    step, epoch_losses, accuracies = 0, [], []
-    pending, tokens = [], 0  # the losses and tokens of the batches summed into the next update
-    for epoch in range(1, config.num_train_epochs + 1):
-        losses = []
-        for batch in train_loader:
+    pending, tokens, epoch_save_due = [], 0, False  # the losses and tokens of the batches summed into the next update
+    while position.epoch <= config.num_train_epochs and (position.step < total_steps or position.batches_done):
+        epoch = position.epoch
+        shuffler.set_state(position.shuffle_state)
+        for batch in itertools.islice(train_loader, position.batches_done, None):  # a resumed epoch: the same order
+            if position.step >= total_steps:
+                break
             loss = model(**batch).loss
             (loss / accumulation).backward()
-            losses.append(loss.item())
-            pending.append(losses[-1])
+            position.batches_done += 1
+            position.losses.append(loss.item())
+            pending.append(position.losses[-1])
             tokens += int(batch["attention_mask"].sum())
             if len(pending) < accumulation:
                 continue
             optimizer.step()
             step_scheduler(scheduler)
             optimizer.zero_grad(set_to_none=True)
-            step += 1
+            position.step += 1
             update_loss = sum(pending) / len(pending)
             lr = scheduler.get_last_lr()[-1]
-            log.write("train", step=step, epoch=epoch, loss=update_loss, lr=lr)
+            log.write("train", step=position.step, epoch=epoch, loss=update_loss, lr=lr)
             progress.update(update_loss, lr, tokens)
             pending, tokens = [], 0
-            if step >= total_steps:
-                break
-        epoch_losses.append(sum(losses) / len(losses))
-        accuracies.append(accuracy(model, eval_loader))
-        log.write("epoch", epoch=epoch, step=step, train_loss=epoch_losses[-1], eval_accuracy=accuracies[-1])
-        progress.write(f"epoch {epoch}: train loss {epoch_losses[-1]:.4f}, validation accuracy {accuracies[-1]:.4f}")
-        if step >= total_steps:
-            break
+            if epoch_save_due or (isinstance(every, int) and position.step % every == 0):
+                progress.write(f"saved {save(config, position, model, optimizer, scheduler)}")
+                epoch_save_due = False
+        position.epoch_losses.append(sum(position.losses) / len(position.losses))
+        position.accuracies.append(accuracy(model, eval_loader))
+        log.write("epoch", epoch=epoch, step=position.step, train_loss=position.epoch_losses[-1],
+                  eval_accuracy=position.accuracies[-1])
+        progress.write(f"epoch {epoch}: train loss {position.epoch_losses[-1]:.4f}, validation accuracy "
+                       f"{position.accuracies[-1]:.4f}")
+        position.epoch, position.batches_done, position.losses = epoch + 1, 0, []
+        position.shuffle_state = shuffler.get_state()  # the next epoch begins from here
+        if every == "epoch":  # between updates: now, or after the update that takes the pending batches
+            if pending:
+                epoch_save_due = True
+            else:
+                progress.write(f"saved {save(config, position, model, optimizer, scheduler)}")
     progress.close()
 
     names = {i: n for i, n in enumerate(_names_in_group_order(inner, model))}
     for record in projector_records(optimizer, names):
-        log.write("projector", step=step, **record)
+        log.write("projector", step=position.step, **record)
+    epoch_losses, accuracies = position.epoch_losses, position.accuracies
     summary = {
         "method": config.method, "optimizer": config.optimizer, "seed": config.seed, "epochs": len(epoch_losses),
-        "steps": step, "terminal_train_loss": epoch_losses[-1], "best_accuracy": max(accuracies),
+        "steps": position.step, "terminal_train_loss": epoch_losses[-1], "best_accuracy": max(accuracies),
         "final_accuracy": accuracies[-1], "optimizer_state_bytes": optimizer_state_bytes(optimizer),
         "trainable_parameters": trainable, "wall_time_s": time.perf_counter() - start,
     }

@@ -153,18 +153,18 @@ def warn(message: str) -> None:
     print(f"WARNING: {message}", file=sys.stderr)
 
 
-def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] = warn) -> Path:
+def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] = warn, flag: str = "--continue_from") -> Path:
     """The checkpoint to resume: `path` itself if it is a checkpoint folder (verified, refused if it fails), or
     the newest verified model_<step> of a save_dir, with a warning for each newer one skipped and for a
-    `latest` that names another."""
+    `latest` that names another. `flag`: the option the path came from, for the messages."""
     path = Path(path)
     if (path / TRAINER_FILE).is_file() or (path / MANIFEST).is_file():
         verify_checkpoint(path)
         return path
     candidates = checkpoints_newest_first(path) if path.is_dir() else []
     if not path.is_dir() or not ((path / LATEST).is_file() or candidates):
-        raise FileNotFoundError(f"--continue_from {str(path)!r} is neither a checkpoint folder (with {TRAINER_FILE}) "
-                                f"nor a save_dir with a '{LATEST}' file")
+        raise FileNotFoundError(f"{flag} {str(path)!r} is neither a checkpoint folder (with {TRAINER_FILE}) "
+                                f"nor a folder of checkpoints with a '{LATEST}' file")
     latest = (path / LATEST).read_text().strip() if (path / LATEST).is_file() else None
     problems = []
     for folder in candidates:
@@ -177,7 +177,7 @@ def resolve_checkpoint(path: str | Path, warn: Callable[[str], None] = warn) -> 
         if folder.name != latest:
             warn(f"'{LATEST}' in {path} names {latest}, the newest complete checkpoint is {folder.name}: resuming it")
         return folder
-    raise CheckpointError(f"--continue_from {str(path)!r}: no complete checkpoint"
+    raise CheckpointError(f"{flag} {str(path)!r}: no complete checkpoint"
                           + (f" ('{LATEST}' names {latest}, which is missing)" if latest and not problems else "")
                           + "".join(f"; {problem}" for problem in problems))
 
@@ -190,7 +190,8 @@ def load_checkpoint(folder: Path, model) -> dict:
         raise FileNotFoundError(f"--continue_from {str(folder)!r} is a sharded checkpoint (written with --fsdp): "
                                 "resume it with --fsdp, at the same number of processes")
     weights = readable(folder / "model.safetensors", load_file, device=str(next(model.parameters()).device))
-    if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:
+    if (getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights
+            and "model.embed_tokens.weight" in weights):  # Llama's tied head, written once
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
     model.load_state_dict(weights, strict=True)
     return read_trainer_state(folder)

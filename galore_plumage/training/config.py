@@ -305,14 +305,14 @@ def is_local_file(dataset: str) -> bool:
     return Path(dataset).suffix.lower() in FILE_SUFFIXES or Path(dataset).is_file()
 
 
-def resume_conflicts(saved: dict, config: TrainConfig) -> list[str]:
-    """`--flag value (the checkpoint: value)` for each flag of `config` that differs from the run the checkpoint
-    was written by (`saved`: that run's asdict(config)); flags a resume may change and flags the checkpoint
-    predates are not compared."""
+def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MAY_CHANGE) -> list[str]:
+    """`--flag value (the checkpoint: value)` for each flag of `config` (a TrainConfig, or run_glue.py's FinetuneConfig)
+    that differs from the run the checkpoint was written by (`saved`: that run's asdict(config)); flags in
+    `may_change` and flags the checkpoint predates are not compared."""
     current = dataclasses.asdict(config)
     conflicts = []
-    derived = {spec.name for spec in dataclasses.fields(TrainConfig) if spec.metadata.get("derived")}
-    for key in sorted(saved.keys() & current.keys() - RESUME_MAY_CHANGE - {"low_rank"}):
+    derived = {spec.name for spec in dataclasses.fields(config) if spec.metadata.get("derived")}
+    for key in sorted(saved.keys() & current.keys() - may_change - {"low_rank"}):
         if saved[key] != current[key]:
             name = "processes (WORLD_SIZE)" if key == "world_size" else key if key in derived else f"--{key}"
             conflicts.append(f"{name} {current[key]} (the checkpoint: {saved[key]})")

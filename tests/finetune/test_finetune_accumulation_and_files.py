@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from finetune_helpers import COMMON, WORDS, save_tiny_bert, write_plays
+from finetune_helpers import COMMON, WORDS, records, save_tiny_bert, write_plays
 
 from galore_plumage.finetune import parse_config
 from galore_plumage.finetune.loop import batches, run
@@ -28,10 +28,6 @@ def _argv(assets, out, *extra):
             "--max_train_samples", "64", "--max_eval_samples", "32", "--no-progress", *extra]
 
 
-def _records(out, kind):
-    return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["type"] == kind]
-
-
 def test_accumulating_two_batches_equals_one_batch_twice_as_large(assets, tmp_path):
     """SGD (linear in the gradient) on a model without dropout: batches of 8 summed in pairs make the updates of
     batches of 16 (the same shuffled order, each update's loss the mean of its two halves), to rounding."""
@@ -42,7 +38,7 @@ def test_accumulating_two_batches_equals_one_batch_twice_as_large(assets, tmp_pa
                                     "--per_device_train_batch_size", batch, "--gradient_accumulation_steps", steps,
                                     "--pad_to_max_length", "--max_length", "24"))
         model, summary = run(config)
-        runs[name] = (dict(model.named_parameters()), summary, _records(out, "train"))
+        runs[name] = (dict(model.named_parameters()), summary, records(out, "train"))
     (accumulated, summary, train), (whole, whole_summary, whole_train) = runs["accumulated"], runs["whole"]
     assert summary["steps"] == whole_summary["steps"] == 8  # 64 examples / 16 an update, 2 epochs
     assert [r["loss"] for r in train] == pytest.approx([r["loss"] for r in whole_train], rel=1e-5)
@@ -65,7 +61,7 @@ def test_per_layer_mode_accumulates_as_normal_mode_across_epoch_ends(assets, tmp
                                     "--update_proj_gap", "2", "--learning_rate", "0.5", "--num_train_epochs", "3",
                                     "--gradient_accumulation_steps", "3"))
         models[name], _ = run(config)
-        updates[name] = [(r["step"], r["epoch"]) for r in _records(out, "train")]
+        updates[name] = [(r["step"], r["epoch"]) for r in records(out, "train")]
     assert updates["galore_sgdm"] == updates["galore_sgdm_per_layer"] == [(1, 1), (2, 2), (3, 3), (4, 3)]
     normal, layered = (dict(m.named_parameters()) for m in models.values())
     for key, value in normal.items():
@@ -118,7 +114,7 @@ def test_own_files_train_a_classifier(assets, tmp_path):
     config = parse_config([*argv, "--output_dir", str(tmp_path / "run")])
     _, summary = run(config)
     assert summary["steps"] == 4  # 64 rows / 16
-    (logged,) = _records(tmp_path / "run", "config")
+    (logged,) = records(tmp_path / "run", "config")
     assert (logged["train_examples"], logged["eval_examples"], logged["task_name"]) == (64, 32, None)
     task = load_files(train, validation)
     assert task.label_names == ("north", "south") and task.train.labels[:4] == [0, 1, 0, 1]
