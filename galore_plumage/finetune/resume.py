@@ -12,8 +12,6 @@ run update for update (tests/finetune/test_finetune_resume.py: the same weights,
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from ..training.checkpoint import (
 )
 from ..training.config import resume_conflicts
 from ..training.metrics import METRICS_FILE
+from ..training.run_folder import keep_records
 
 CHECKPOINTS = "checkpoints"  # under --output_dir
 # flags a resumed run may change: where it writes, how often it saves, what it shows, how it validates
@@ -98,25 +97,17 @@ def restore(config, model, optimizer, scheduler) -> tuple[Path, Position]:
 def cut_metrics(path: Path, position: Position) -> None:
     """Drop the records a resume at `position` is about to write again: updates after it, epochs it had not finished
     (an epoch can end after the checkpoint's update without another update, so its record's step says nothing), and
-    the run's end. Rewritten through a temp file; a line cut short by a kill is dropped too."""
-    if not path.is_file():
-        return
-    kept, epochs = [], 0
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    the run's end."""
+    epochs = 0
+
+    def keep(record: dict) -> bool:
+        nonlocal epochs
         if record.get("type") == "epoch":
             epochs += 1
-            keep = epochs <= len(position.epoch_losses)
-        else:
-            keep = record.get("type") not in RUN_END and record.get("step", 0) <= position.step
-        if keep:
-            kept.append(line)
-    temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    temp.write_text("".join(line + "\n" for line in kept))
-    os.replace(temp, path)
+            return epochs <= len(position.epoch_losses)
+        return record.get("type") not in RUN_END and record.get("step", 0) <= position.step
+
+    keep_records(path, keep)
 
 
 def checkpoint_every(value: str | None) -> int | str | None:

@@ -83,7 +83,7 @@ def load_files(train_file: str | Path, validation_file: str | Path, max_train: i
 
     Each file is a table of rows: CSV with a header, JSON Lines, or a JSON list of objects. One column is `label`; the
     texts are sentence1 and sentence2 when both exist, else the first two other columns (the first one alone in a
-    table of two columns). The classes are the training file's labels, sorted (as numbers when all are integers); a
+    table of two columns). The classes are the training file's labels, sorted (whole numbers numerically, first); a
     validation label the training file lacks, or a fractional one (a regression target), is refused by value.
     """
     train_rows, validation_rows = _read_rows(Path(train_file)), _read_rows(Path(validation_file))

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from .checkpoint import CHECKPOINT_NAME, LATEST
@@ -91,7 +92,13 @@ def remove_stale_temps(save_dir: Path) -> list[str]:
 def truncate_metrics(save_dir: Path, step: int) -> int:
     """On resume at `step`: drop the records logged after it (they are about to be logged again) and any summary,
     so no update is counted twice; rewritten through a temp file. Returns how many records were dropped."""
-    path = save_dir / METRICS_FILE
+    return keep_records(save_dir / METRICS_FILE,
+                        lambda record: record.get("type") != "summary" and record.get("step", 0) <= step)
+
+
+def keep_records(path: Path, keep: Callable[[dict], bool]) -> int:
+    """Rewrite the metrics file `path` (through a temp file) with the records `keep` accepts, asked in file order; a
+    line cut short by a kill while it was being written is dropped too. Returns how many lines were dropped."""
     if not path.is_file():
         return 0
     lines = path.read_text().splitlines()
@@ -101,10 +108,10 @@ def truncate_metrics(save_dir: Path, step: int) -> int:
             record = json.loads(line)
         except ValueError:  # a line cut short by a kill while it was being written
             continue
-        if record.get("type") != "summary" and record.get("step", 0) <= step:
+        if keep(record):
             kept.append(line)
     if len(kept) < len(lines):
-        temp = path.with_name(f".{METRICS_FILE}.tmp-{os.getpid()}")
+        temp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         temp.write_text("".join(line + "\n" for line in kept))
         os.replace(temp, path)
     return len(lines) - len(kept)
