@@ -13,6 +13,7 @@ import itertools
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -83,10 +84,18 @@ def finetune(config: FinetuneConfig) -> dict:
     return run(config)[1]
 
 
+class Parts(NamedTuple):
+    """What the updates work on, set up once before the first."""
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    train_loader: DataLoader
+    eval_loader: DataLoader
+    total_steps: int
+
+
 def run(config: FinetuneConfig):
     """(the trained model, the final summary)."""
-    from transformers import get_scheduler
-
     output_dir = Path(config.output_dir)
     if (output_dir / METRICS_FILE).exists() and config.resume_from_checkpoint is None:
         raise FileExistsError(f"{output_dir / METRICS_FILE} exists: pick another --output_dir, delete that folder, or "
@@ -97,8 +106,48 @@ def run(config: FinetuneConfig):
     else:
         task = load_task(config.task_name, config.data_dir, config.max_train_samples, config.max_eval_samples)
     seed_everything(config.seed)
+    parts = set_up(config, task)
+    position = Position(shuffle_state=parts.train_loader.generator.get_state())
+    resumed = None
+    if config.resume_from_checkpoint is not None:
+        resumed, position = restore(config, parts.model, parts.optimizer, parts.scheduler)
+
+    log = MetricsLog(output_dir, enabled=True)
+    trainable = sum(p.numel() for p in parts.model.parameters() if p.requires_grad)
+    if resumed is None:
+        log.write("config", **asdict(config), trainable_parameters=trainable, train_examples=len(task.train.labels),
+                  eval_examples=len(task.validation.labels))
+    else:
+        log.write("resumed", step=position.step, checkpoint=str(resumed))
+    progress = Progress(parts.total_steps, position.step, config.progress)
+    routing = describe_routing(parts.optimizer.routing, config.lora_r if config.peft == "none" else None)
+    progress.write(routing.splitlines()[0] + f"; {trainable:,} trainable parameters"
+                   + (f"; resumed from {resumed} at update {position.step}" if resumed else ""))
+    train_epochs(config, parts, position, log, progress)
+    progress.close()
+
+    inner = inner_optimizer(parts.optimizer)
+    names = {i: n for i, n in enumerate(_names_in_group_order(inner, parts.model))}
+    for record in projector_records(parts.optimizer, names):
+        log.write("projector", step=position.step, **record)
+    epoch_losses, accuracies = position.epoch_losses, position.accuracies
+    summary = {
+        "method": config.method, "optimizer": config.optimizer, "seed": config.seed, "epochs": len(epoch_losses),
+        "steps": position.step, "terminal_train_loss": epoch_losses[-1], "best_accuracy": max(accuracies),
+        "final_accuracy": accuracies[-1], "optimizer_state_bytes": optimizer_state_bytes(parts.optimizer),
+        "trainable_parameters": trainable, "wall_time_s": time.perf_counter() - start,
+    }
+    log.write("final", **summary)
+    if config.progress:
+        print(summary_table([summary]))
+    return parts.model, summary
+
+
+def set_up(config: FinetuneConfig, task) -> Parts:
+    """Model, optimizer, the two loaders, the number of updates and the lr schedule over them."""
+    from transformers import get_scheduler
+
     model, tokenizer, optimizer = build_model_and_optimizer(config, task.num_labels, task.label_names)
-    routing = describe_routing(optimizer.routing, config.lora_r if config.peft == "none" else None)
     pad = config.pad_to_max_length
     train_loader = batches(task.train, tokenizer, config.max_length, config.per_device_train_batch_size, True,
                            config.seed, pad)
@@ -112,22 +161,14 @@ def run(config: FinetuneConfig):
         total_steps = min(total_steps, config.max_train_steps)
     inner = inner_optimizer(optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
     scheduler = get_scheduler(config.lr_scheduler_type, inner, config.num_warmup_steps, total_steps)
-    shuffler = train_loader.generator  # each epoch's order is drawn from it as the epoch begins
-    position = Position(shuffle_state=shuffler.get_state())
-    resumed = None
-    if config.resume_from_checkpoint is not None:
-        resumed, position = restore(config, model, optimizer, scheduler)
+    return Parts(model, optimizer, scheduler, train_loader, eval_loader, total_steps)
 
-    log = MetricsLog(output_dir, enabled=True)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if resumed is None:
-        log.write("config", **asdict(config), trainable_parameters=trainable, train_examples=len(task.train.labels),
-                  eval_examples=len(task.validation.labels))
-    else:
-        log.write("resumed", step=position.step, checkpoint=str(resumed))
-    progress = Progress(total_steps, position.step, config.progress)
-    progress.write(routing.splitlines()[0] + f"; {trainable:,} trainable parameters"
-                   + (f"; resumed from {resumed} at update {position.step}" if resumed else ""))
+
+def train_epochs(config: FinetuneConfig, parts: Parts, position: Position, log: MetricsLog, progress: Progress) -> None:
+    """Epochs from `position` (a resumed run's, mid-epoch included) until the last update; `position` advances."""
+    model, optimizer, scheduler, train_loader = parts.model, parts.optimizer, parts.scheduler, parts.train_loader
+    shuffler = train_loader.generator  # each epoch's order is drawn from it as the epoch begins
+    accumulation, total_steps = config.gradient_accumulation_steps, parts.total_steps
     every = checkpoint_every(config.checkpointing_steps)
     model.train()
     pending, tokens, epoch_save_due = [], 0, False  # the losses and tokens of the batches summed into the next update
@@ -158,7 +199,7 @@ def run(config: FinetuneConfig):
                 progress.write(f"saved {save(config, position, model, optimizer, scheduler)}")
                 epoch_save_due = False
         position.epoch_losses.append(sum(position.losses) / len(position.losses))
-        position.accuracies.append(accuracy(model, eval_loader))
+        position.accuracies.append(accuracy(model, parts.eval_loader))
         log.write("epoch", epoch=epoch, step=position.step, train_loss=position.epoch_losses[-1],
                   eval_accuracy=position.accuracies[-1])
         progress.write(f"epoch {epoch}: train loss {position.epoch_losses[-1]:.4f}, validation accuracy "
@@ -170,22 +211,6 @@ def run(config: FinetuneConfig):
                 epoch_save_due = True
             else:
                 progress.write(f"saved {save(config, position, model, optimizer, scheduler)}")
-    progress.close()
-
-    names = {i: n for i, n in enumerate(_names_in_group_order(inner, model))}
-    for record in projector_records(optimizer, names):
-        log.write("projector", step=position.step, **record)
-    epoch_losses, accuracies = position.epoch_losses, position.accuracies
-    summary = {
-        "method": config.method, "optimizer": config.optimizer, "seed": config.seed, "epochs": len(epoch_losses),
-        "steps": position.step, "terminal_train_loss": epoch_losses[-1], "best_accuracy": max(accuracies),
-        "final_accuracy": accuracies[-1], "optimizer_state_bytes": optimizer_state_bytes(optimizer),
-        "trainable_parameters": trainable, "wall_time_s": time.perf_counter() - start,
-    }
-    log.write("final", **summary)
-    if config.progress:
-        print(summary_table([summary]))
-    return model, summary
 
 
 def _names_in_group_order(optimizer, model) -> list[str]:
