@@ -172,8 +172,9 @@ def report(args: argparse.Namespace, measured: dict[int, dict]) -> str:
         "the seeded generator, the same PLUMAGE sample. A weight for which `proj_type` would pick the left side (m < n",
         "under `std`) is projected on the right with a warning: the same gradient estimate, smaller moments;",
         "`--proj_type left/full` is refused. Checkpoints go through torch.distributed.checkpoint",
-        "(`model_<step>/dcp/`, each rank its own shards) and resume exactly at the same number of processes;",
-        "`*_per_layer` optimizers are refused under `--fsdp`.",
+        "(`model_<step>/dcp/`, each rank its own shards) and resume exactly at the same number of processes, or on",
+        "another number with the same `--total_batch_size` (DCP reshards the weights and the row-sharded moments; 8-bit",
+        "states, quantized in blocks of each rank's rows, are refused); `*_per_layer` optimizers are refused under `--fsdp`.",
     ]
     return "\n".join(lines) + "\n"
 

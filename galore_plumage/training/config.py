@@ -49,6 +49,9 @@ FILE_SUFFIXES = (*LOCAL_FORMATS, ".json", ".csv", ".tsv", ".parquet", ".arrow", 
 RESUME_MAY_CHANGE = frozenset({"save_dir", "continue_from", "overwrite", "stop_at", "eval_every", "save_every",
                                "eval_tokens", "name", "tags", "progress", "workers", "data_dir", "single_gpu",
                                "use_hf_model", "activation_checkpointing"})
+# how one update's --total_batch_size sequences are split over processes and micro-batches: a resume may change it while
+# the total stays (fewer or more GPUs); the data position is counted in sequences (data.ShuffledBatches.load_state_dict)
+BATCH_LAYOUT = frozenset({"world_size", "batch_size", "gradient_accumulation"})
 
 
 def _recommended_lrs() -> str:

@@ -134,12 +134,20 @@ class ShuffledBatches:
     def state_dict(self) -> dict:
         return {"position": self.position, "sequences": len(self.sequences), "seed": self.seed}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, saved_width: int | None = None) -> None:
+        """`saved_width`: the writer's sequences per global micro-batch (its batch_size x world_size), when it split
+        the same updates otherwise; the position moves over as the number of sequences consumed."""
         if state["sequences"] != len(self.sequences) or state["seed"] != self.seed:
             raise ValueError(f"the checkpoint was trained on {state['sequences']} sequences with seed {state['seed']}, "
                              f"this run has {len(self.sequences)} with seed {self.seed}: resume with the same "
                              "--dataset, --tokenizer, --max_length and --seed")
-        self.position = state["position"]
+        width = self.batch_size * self.world_size
+        consumed = state["position"] * (saved_width or width)
+        if consumed % width:
+            raise ValueError(f"the checkpoint had consumed {consumed} training sequences, not a whole number of this "
+                             f"run's micro-batches of batch_size x world_size = {width}: resume with a batch_size x "
+                             "world_size that divides --total_batch_size")
+        self.position = consumed // width
 
 
 # ----------------------------------------------------------------- streamed batches
@@ -268,8 +276,9 @@ class Batches:
     def state_dict(self) -> dict:
         return {"position": self.position} if self.streamed else self.shuffled.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, saved_width: int | None = None) -> None:
+        """`saved_width` as ShuffledBatches'; a streamed dataset resumes with the writer's layout only (find_resume)."""
         if self.streamed:
             self.position, self._iterator = state["position"], None
         else:
-            self.shuffled.load_state_dict(state)
+            self.shuffled.load_state_dict(state, saved_width)

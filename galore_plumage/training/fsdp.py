@@ -61,6 +61,16 @@ def load_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
     set_optimizer_state_dict(model, inner, state["optimizer"])
 
 
+def check_reshardable(optimizer, saved_world: int, world: int, folder: Path) -> None:
+    """A backend with per-rank state (8-bit AdamW: the absmax of 256-blocks of each rank's own rows) resumes only on
+    the number of processes that wrote it: other row boundaries would need other blocks."""
+    keys = optimizer.backend.per_rank_keys if isinstance(optimizer, LowRankOptimizer) else ()
+    if saved_world != world and keys:
+        raise CheckpointError(f"{folder}: written by {saved_world} processes, resumed on {world}: "
+                              f"{optimizer.backend.name}'s {', '.join(keys)} hold blocks of each process's own rows, "
+                              f"which {world} processes split otherwise; resume it with --nproc_per_node {saved_world}")
+
+
 def save_model(model: nn.Module, path: str | Path) -> None:
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(path))
 
@@ -114,12 +124,16 @@ def save_sharded_checkpoint(save_dir: str | Path, step: int, model: nn.Module, o
     return final
 
 
-def load_sharded_checkpoint(folder: Path, model: nn.Module, optimizer) -> dict:
-    """Load model and optimizer shards written by save_sharded_checkpoint; returns the trainer state."""
+def load_sharded_checkpoint(folder: Path, model: nn.Module, optimizer, saved_world: int | None = None) -> dict:
+    """Load model and optimizer shards written by save_sharded_checkpoint, by `saved_world` processes (None: unknown,
+    taken as this run's); returns the trainer state. DCP reads every DTensor by its global rows, so the weights and
+    the row-sharded moments load into any number of processes; 8-bit states do not (check_reshardable)."""
     if not (folder / DCP_FOLDER).is_dir():
         raise FileNotFoundError(f"--continue_from {str(folder)!r} holds no '{DCP_FOLDER}' folder: it was not written "
                                 "with --fsdp; resume it without --fsdp")
     inner = inner_optimizer(optimizer)
+    world = dist.get_world_size()
+    check_reshardable(inner, saved_world or world, world, folder)
     _prepare(inner)
     state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, inner)}
     try:

@@ -31,8 +31,8 @@ from .checkpoint import (
     set_rng_state,
     warn,
 )
-from .config import TrainConfig, resume_conflicts
-from .data import Batches
+from .config import BATCH_LAYOUT, RESUME_MAY_CHANGE, TrainConfig, resume_conflicts
+from .data import Batches, is_streamed
 from .distributed import Dist, all_reduce_sum, barrier, computed_on_main, gather_floats
 from .fsdp import ensure_process_group, load_sharded_checkpoint, save_sharded_checkpoint, shard_model
 from .metrics import MetricsLog, Progress, perplexity, projector_records
@@ -98,11 +98,20 @@ def find_resume(config: TrainConfig, context: Dist) -> Path | None:
         return None
     folder = computed_on_main(lambda: resolve_checkpoint(config.continue_from), context)
     saved = saved_config(folder)
-    if conflicts := resume_conflicts(saved, config) if saved else []:
+    if conflicts := resume_conflicts(saved, config, may_change(saved, config)) if saved else []:
         raise ValueError(f"--continue_from {config.continue_from!r}: {folder.name} was written by a run with other "
                          f"flags: {'; '.join(conflicts)}. Give the checkpoint's values (or drop those flags), or start "
                          "a new run in a new --save_dir")
     return folder
+
+
+def may_change(saved: dict, config: TrainConfig) -> frozenset[str]:
+    """The flags a resume of the run `saved` may change: RESUME_MAY_CHANGE, and how each update's sequences are split
+    over processes and micro-batches (BATCH_LAYOUT) while --total_batch_size stays. An in-memory corpus's position
+    moves over in sequences; a streamed one is split by process and packed by micro-batch, so it keeps the writer's."""
+    if saved.get("total_batch_size") == config.total_batch_size and not is_streamed(config.dataset):
+        return RESUME_MAY_CHANGE | BATCH_LAYOUT
+    return RESUME_MAY_CHANGE
 
 
 def claim_save_dir(config: TrainConfig) -> None:
@@ -170,13 +179,15 @@ class Trainer:
     def resume(self, folder: Path) -> None:
         """Model, optimizer, schedule, data position, RNG and counters from a checkpoint; the run's own log is cut
         back to it, so the updates about to be replayed are not counted twice."""
+        saved = saved_config(folder) or {}  # the writer's batch layout may differ (may_change)
         if self.config.fsdp:
-            state = load_sharded_checkpoint(folder, self.model, self.optimizer)
+            state = load_sharded_checkpoint(folder, self.model, self.optimizer, saved.get("world_size"))
         else:
             state = load_checkpoint(folder, self.model)
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.batches.load_state_dict(state["data"])
+        saved_width = saved["batch_size"] * saved["world_size"] if "world_size" in saved else None
+        self.batches.load_state_dict(state["data"], saved_width)
         set_rng_state(state["rng"])
         self.update_step, self.tokens_seen = state["update_step"], state["tokens_seen"]
         if self.main:

@@ -309,6 +309,30 @@ def test_state_dict_resumes_exactly(k):
     assert _draw(resumed, 8) == reference[k:]
 
 
+@pytest.mark.parametrize(("k", "batch", "world"), [(3, 2, 1), (6, 4, 2), (2, 1, 4), (5, 8, 1)])
+def test_state_dict_moves_to_another_layout_in_sequences(k, batch, world):
+    """k micro-batches of 2 ranks x batch 4 (width 8) resumed at another batch x world: the ranks of the new layout go
+    on with the sequences the old one had not reached, in the same order (epoch boundaries included)."""
+    old = [ShuffledBatches(_ids(11), 4, seed=9, rank=r, world_size=2) for r in range(2)]
+    for batches in old:
+        _draw(batches, k)
+    stream = [i for _ in range(4) for batches in old for i in batches.next_batch()[:, 0].tolist()]  # what came next
+    new = [ShuffledBatches(_ids(11), batch, seed=9, rank=r, world_size=world) for r in range(world)]
+    for batches in new:
+        batches.load_state_dict(old[0].state_dict() | {"position": k}, saved_width=8)
+    assert new[0].position == k * 8 // (batch * world)
+    resumed = [i for _ in range(32 // (batch * world)) for batches in new for i in batches.next_batch()[:, 0].tolist()]
+    assert resumed == stream
+
+
+def test_state_dict_refuses_a_layout_that_splits_a_micro_batch():
+    """3 micro-batches of width 8 are 24 sequences: not a whole number of micro-batches of width 3 x 3 = 9."""
+    state = {"position": 3, "sequences": 11, "seed": 9}
+    with pytest.raises(ValueError, match="consumed 24 training sequences, not a whole number of this run's micro-batches"
+                                         " of batch_size x world_size = 9"):
+        ShuffledBatches(_ids(11), 3, seed=9, world_size=3).load_state_dict(state, saved_width=8)
+
+
 @pytest.mark.parametrize(("sequences", "seed"), [(12, 9), (11, 8)])
 def test_state_dict_refuses_another_data_set(sequences, seed):
     state = ShuffledBatches(_ids(11), 4, seed=9).state_dict()
