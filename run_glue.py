@@ -31,7 +31,8 @@ Checkpoints every 100 updates, and a run continued from its newest one:
     python run_glue.py ... --output_dir runs/mine --resume_from_checkpoint runs/mine/checkpoints
 
 Add --projector / --realign to swap the projection of any low-rank optimizer. Writes
-<output_dir>/metrics.jsonl (per-step train loss, per-epoch train loss and validation accuracy, a final
+<output_dir>/metrics.jsonl (per-step train loss, per-epoch train loss and validation accuracy, or Pearson's r for a
+regression task such as stsb, a final
 summary). All flags: python run_glue.py --help. Comparison: benchmarks/finetune_compare.py.
 """
 

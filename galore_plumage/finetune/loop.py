@@ -2,8 +2,9 @@
 
 An update sums the gradients of --gradient_accumulation_steps batches; a partial accumulation at the end of an epoch
 carries into the next, so every update (per-layer mode's too) sums the same number of batches. Per epoch,
-metrics.jsonl gets the mean training loss (over its batches) and the validation accuracy; at the end one `final`
-record: terminal train loss (the mean over the last epoch), best validation accuracy, optimizer-state bytes, trainable
+metrics.jsonl gets the mean training loss (over its batches) and the validation scores (scores.py: accuracy, or for a
+regression task Pearson's r and Spearman's ρ); at the end one `final` record: terminal train loss (the mean over the
+last epoch), the best and final validation score (best_accuracy or best_pearson), optimizer-state bytes, trainable
 parameters and wall time, also printed as a table.
 """
 
@@ -27,6 +28,7 @@ from ..training.schedule import step_scheduler
 from .config import FinetuneConfig
 from .model import apply_lora, load_classifier, target_modules
 from .resume import Position, checkpoint_every, restore, save
+from .scores import primary_score, validation_scores
 from .tasks import Split, load_files, load_task
 
 
@@ -66,19 +68,6 @@ def batches(split: Split, tokenizer, max_length: int, batch_size: int, shuffle: 
                       collate_fn=DataCollatorWithPadding(tokenizer))
 
 
-@torch.no_grad()
-def accuracy(model, loader: DataLoader) -> float:
-    model.eval()
-    correct = total = 0
-    for batch in loader:
-        labels = batch.pop("labels")
-        predictions = model(**batch).logits.argmax(dim=-1)
-        correct += int((predictions == labels).sum())
-        total += labels.numel()
-    model.train()
-    return correct / total
-
-
 def finetune(config: FinetuneConfig) -> dict:
     """Run the whole job; returns the final summary (also the last line of metrics.jsonl)."""
     return run(config)[1]
@@ -92,6 +81,7 @@ class Parts(NamedTuple):
     train_loader: DataLoader
     eval_loader: DataLoader
     total_steps: int
+    regression: bool  # one output and mean squared error (scores.py says how it is judged)
 
 
 def run(config: FinetuneConfig):
@@ -130,11 +120,11 @@ def run(config: FinetuneConfig):
     names = {i: n for i, n in enumerate(_names_in_group_order(inner, parts.model))}
     for record in projector_records(parts.optimizer, names):
         log.write("projector", step=position.step, **record)
-    epoch_losses, accuracies = position.epoch_losses, position.accuracies
+    epoch_losses, scores, metric = position.epoch_losses, position.scores, primary_score(parts.regression)
     summary = {
         "method": config.method, "optimizer": config.optimizer, "seed": config.seed, "epochs": len(epoch_losses),
-        "steps": position.step, "terminal_train_loss": epoch_losses[-1], "best_accuracy": max(accuracies),
-        "final_accuracy": accuracies[-1], "optimizer_state_bytes": optimizer_state_bytes(parts.optimizer),
+        "steps": position.step, "terminal_train_loss": epoch_losses[-1], "metric": metric, f"best_{metric}": max(scores),
+        f"final_{metric}": scores[-1], "optimizer_state_bytes": optimizer_state_bytes(parts.optimizer),
         "trainable_parameters": trainable, "wall_time_s": time.perf_counter() - start,
     }
     log.write("final", **summary)
@@ -147,7 +137,7 @@ def set_up(config: FinetuneConfig, task) -> Parts:
     """Model, optimizer, the two loaders, the number of updates and the lr schedule over them."""
     from transformers import get_scheduler
 
-    model, tokenizer, optimizer = build_model_and_optimizer(config, task.num_labels, task.label_names)
+    model, tokenizer, optimizer = build_model_and_optimizer(config, task.num_labels, task.label_names or None)
     pad = config.pad_to_max_length
     train_loader = batches(task.train, tokenizer, config.max_length, config.per_device_train_batch_size, True,
                            config.seed, pad)
@@ -161,7 +151,7 @@ def set_up(config: FinetuneConfig, task) -> Parts:
         total_steps = min(total_steps, config.max_train_steps)
     inner = inner_optimizer(optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
     scheduler = get_scheduler(config.lr_scheduler_type, inner, config.num_warmup_steps, total_steps)
-    return Parts(model, optimizer, scheduler, train_loader, eval_loader, total_steps)
+    return Parts(model, optimizer, scheduler, train_loader, eval_loader, total_steps, task.regression)
 
 
 def train_epochs(config: FinetuneConfig, parts: Parts, position: Position, log: MetricsLog, progress: Progress) -> None:
@@ -199,11 +189,12 @@ def train_epochs(config: FinetuneConfig, parts: Parts, position: Position, log: 
                 progress.write(f"saved {save(config, position, model, optimizer, scheduler)}")
                 epoch_save_due = False
         position.epoch_losses.append(sum(position.losses) / len(position.losses))
-        position.accuracies.append(accuracy(model, parts.eval_loader))
+        scores = validation_scores(model, parts.eval_loader, parts.regression)
+        position.scores.append(scores[primary_score(parts.regression)])
         log.write("epoch", epoch=epoch, step=position.step, train_loss=position.epoch_losses[-1],
-                  eval_accuracy=position.accuracies[-1])
-        progress.write(f"epoch {epoch}: train loss {position.epoch_losses[-1]:.4f}, validation accuracy "
-                       f"{position.accuracies[-1]:.4f}")
+                  **{f"eval_{name}": value for name, value in scores.items()})
+        progress.write(f"epoch {epoch}: train loss {position.epoch_losses[-1]:.4f}, validation "
+                       + ", ".join(f"{name} {value:.4f}" for name, value in scores.items()))
         position.epoch, position.batches_done, position.losses = epoch + 1, 0, []
         position.shuffle_state = shuffler.get_state()  # the next epoch begins from here
         if every == "epoch":  # between updates: now, or after the update that takes the pending batches
@@ -220,9 +211,10 @@ def _names_in_group_order(optimizer, model) -> list[str]:
 
 def summary_table(summaries: list[dict]) -> str:
     """A markdown table: one row per run."""
-    lines = ["| method | seed | terminal train loss | best accuracy | optimizer state | wall time |",
+    metric = summaries[0].get("metric", "accuracy") if summaries else "accuracy"
+    lines = [f"| method | seed | terminal train loss | best {metric} | optimizer state | wall time |",
              "|---|---:|---:|---:|---:|---:|"]
     for s in summaries:
-        lines.append(f"| {s['method']} | {s['seed']} | {s['terminal_train_loss']:.4f} | {s['best_accuracy']:.4f} | "
+        lines.append(f"| {s['method']} | {s['seed']} | {s['terminal_train_loss']:.4f} | {s[f'best_{metric}']:.4f} | "
                      f"{s['optimizer_state_bytes'] / 2**20:.2f} MiB | {s['wall_time_s']:.0f} s |")
     return "\n".join(lines)

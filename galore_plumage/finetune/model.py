@@ -44,7 +44,7 @@ def load_classifier(name_or_path: str | None, num_labels: int, label_names=None)
         raise FileNotFoundError(f"could not load a model from {source!r}: the folder holds no config.json. Pass a folder "
                                 "written by save_pretrained (config.json, weights, tokenizer files)")
     label_options = {}
-    if label_names is not None:
+    if label_names:  # None or () for a regression task (num_labels 1: transformers then takes the mean squared error)
         label_options = {"id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "newly initialized: classifier.*" report is expected for a fresh head

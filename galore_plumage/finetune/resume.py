@@ -4,7 +4,7 @@ A checkpoint is written only between updates (no gradient is pending), atomicall
 <output_dir>/checkpoints/model_<update>/, every weight of the model (the fresh classification head and LoRA's adapters
 included, which a peft model's own save_pretrained leaves out) and `trainer.pt`: the optimizer (projector state
 and all), the schedule, the RNG (dropout) and where the run stands in its data: the epoch, the batches of it already
-taken, the shuffling generator as that epoch began, and the losses and accuracies logged so far. A resumed run
+taken, the shuffling generator as that epoch began, and the losses and validation scores logged so far. A resumed run
 reshuffles that epoch from the same generator state and skips the batches taken, so it continues the uninterrupted
 run update for update (tests/finetune/test_finetune_resume.py: the same weights, bit for bit).
 """
@@ -45,7 +45,7 @@ class Position:
     shuffle_state: torch.Tensor | None = None  # the shuffling generator's state as that epoch began
     losses: list[float] = field(default_factory=list)  # that epoch's batch losses so far
     epoch_losses: list[float] = field(default_factory=list)  # the mean batch loss of each finished epoch
-    accuracies: list[float] = field(default_factory=list)  # the validation accuracy after each finished epoch
+    scores: list[float] = field(default_factory=list)  # the validation score (scores.primary_score) of each finished epoch
 
 
 class AllWeights:

@@ -1,5 +1,6 @@
-"""Classification tasks: the offline default built from the bundled corpus, GLUE through `datasets`, and the user's own
-files (--train_file / --validation_file).
+"""Tasks: the offline default built from the bundled corpus, GLUE through `datasets`, and the user's own files
+(--train_file / --validation_file). All classify, but stsb and a file whose labels are fractional numbers, which are
+regression tasks (one output, mean squared error, scored by Pearson's r as HF's run_glue.py does).
 
 The offline task, `shakespeare_plays`: is a passage of dialogue from Macbeth (label 0) or from A Midsummer
 Night's Dream (label 1)? A passage is LINES_PER_PASSAGE consecutive spoken lines (speaker tags, stage
@@ -13,6 +14,7 @@ balanced labels.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -37,7 +39,8 @@ GLUE_TASKS = {
     "sst2": ("sentence", None, "validation"),
     "wnli": ("sentence1", "sentence2", "validation"),
 }
-TASKS = (OFFLINE_TASK, *GLUE_TASKS, "stsb")  # stsb is listed only to refuse it with a reason
+GLUE_REGRESSION = {"stsb": ("sentence1", "sentence2", "validation")}  # a similarity score in [0, 5]
+TASKS = (OFFLINE_TASK, *GLUE_TASKS, *GLUE_REGRESSION)
 DATA_FILE_SUFFIXES = (".csv", ".json", ".jsonl")
 
 _SPEAKER = re.compile(r"^[A-Z][A-Z0-9 ,'&\-]*\.$")  # "MACBETH." "FIRST WITCH." "LADY MACBETH."
@@ -49,29 +52,32 @@ _STAGE = re.compile(r"\[[^\]]*\]")
 @dataclass(frozen=True)
 class Split:
     texts: list[tuple[str, ...]]  # one tuple a row: (sentence,) or (sentence1, sentence2)
-    labels: list[int]
+    labels: list[int] | list[float]  # class indices, or a regression task's targets
 
 
 @dataclass(frozen=True)
 class TaskData:
     name: str
-    label_names: tuple[str, ...]
+    label_names: tuple[str, ...]  # the classes; () for a regression task
     train: Split
     validation: Split
 
     @property
+    def regression(self) -> bool:
+        return not self.label_names
+
+    @property
     def num_labels(self) -> int:
-        return len(self.label_names)
+        """The model's outputs: one per class, or the one value a regression task predicts."""
+        return 1 if self.regression else len(self.label_names)
 
 
 def load_task(name: str, data_dir: str | Path = "data", max_train: int | None = None, max_eval: int | None = None) -> TaskData:
     """The task's train and validation splits (the first max_train / max_eval rows when given)."""
     if name == OFFLINE_TASK:
         task = shakespeare_plays(data_dir)
-    elif name in GLUE_TASKS:
+    elif name in GLUE_TASKS or name in GLUE_REGRESSION:
         task = glue_task(name)
-    elif name == "stsb":
-        raise ValueError("--task_name stsb is a regression task; this script fine-tunes classifiers only (accuracy)")
     else:
         raise ValueError(f"unknown --task_name {name!r}; choose one of: {', '.join(sorted(TASKS))}")
     return TaskData(task.name, task.label_names, _head(task.train, max_train), _head(task.validation, max_eval))
@@ -79,35 +85,71 @@ def load_task(name: str, data_dir: str | Path = "data", max_train: int | None = 
 
 def load_files(train_file: str | Path, validation_file: str | Path, max_train: int | None = None,
                max_eval: int | None = None) -> TaskData:
-    """The user's own classification data, as GaLore's (HF's) run_glue.py reads --train_file / --validation_file.
+    """The user's own data, as GaLore's (HF's) run_glue.py reads --train_file / --validation_file.
 
     Each file is a table of rows: CSV with a header, JSON Lines, or a JSON list of objects. One column is `label`; the
     texts are sentence1 and sentence2 when both exist, else the first two other columns (the first one alone in a
     table of two columns). The classes are the training file's labels, sorted (whole numbers numerically, first); a
-    validation label the training file lacks, or a fractional one (a regression target), is refused by value.
+    validation label the training file lacks is refused by value. A training file whose labels are all numbers, one
+    of them fractional, is a regression task (HF's rule: a float label column), its validation labels numbers too.
     """
     train_rows, validation_rows = _read_rows(Path(train_file)), _read_rows(Path(validation_file))
     columns = _text_columns(list(train_rows[0]), train_file)
+    if _is_regression(train_rows):
+        return _regression_files(train_file, validation_file, train_rows, validation_rows, columns, max_train, max_eval)
     classes = sorted({_class(row, i, train_file) for i, row in enumerate(train_rows)}, key=_class_order)
     index = {name: i for i, name in enumerate(classes)}
 
     def split(rows: list[dict], path) -> Split:
         texts, labels = [], []
         for i, row in enumerate(rows):
-            missing = [c for c in columns if row.get(c) is None]
-            if missing:
-                raise ValueError(f"{path}: row {i + 1} has no {', '.join(missing)}; every row needs the text columns "
-                                 f"{', '.join(columns)} and a label")
+            texts.append(_texts(row, columns, i, path))
             label = _class(row, i, path)
             if label not in index:
                 raise ValueError(f"{path}: row {i + 1} has label {label!r}, which no row of the training file has "
                                  f"(classes: {', '.join(classes)})")
-            texts.append(tuple(str(row[c]) for c in columns))
             labels.append(index[label])
         return Split(texts, labels)
 
     name = Path(train_file).stem
     return TaskData(name, tuple(classes), _head(split(train_rows, train_file), max_train),
+                    _head(split(validation_rows, validation_file), max_eval))
+
+
+def _texts(row: dict, columns: tuple[str, ...], i: int, path) -> tuple[str, ...]:
+    missing = [c for c in columns if row.get(c) is None]
+    if missing:
+        raise ValueError(f"{path}: row {i + 1} has no {', '.join(missing)}; every row needs the text columns "
+                         f"{', '.join(columns)} and a label")
+    return tuple(str(row[c]) for c in columns)
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(str(value).strip()) if not isinstance(value, bool) and value is not None else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _is_regression(rows: list[dict]) -> bool:
+    numbers = [_number(row.get("label")) for row in rows]
+    return all(n is not None for n in numbers) and any(not n.is_integer() for n in numbers)
+
+
+def _regression_files(train_file, validation_file, train_rows, validation_rows, columns, max_train, max_eval) -> TaskData:
+    def split(rows: list[dict], path) -> Split:
+        texts, labels = [], []
+        for i, row in enumerate(rows):
+            texts.append(_texts(row, columns, i, path))
+            target = _number(row.get("label"))
+            if target is None:
+                raise ValueError(f"{path}: row {i + 1} has label {row.get('label')!r}, not a finite number: the training "
+                                 "file's fractional labels make this a regression task, whose every label is a number")
+            labels.append(target)
+        return Split(texts, labels)
+
+    return TaskData(Path(train_file).stem, (), _head(split(train_rows, train_file), max_train),
                     _head(split(validation_rows, validation_file), max_eval))
 
 
@@ -148,7 +190,7 @@ def _text_columns(names: list[str], path) -> tuple[str, ...]:
 
 def _class(row: dict, i: int, path) -> str:
     """A row's label as a class name: a whole number as its digits (1, "1" and 1.0 are one class), anything else as
-    its text; a fractional number is a regression target, which is refused."""
+    its text. A fractional number among class names (a regression file's labels are all numbers) is refused."""
     value = row.get("label")
     text = str(value).lower() if isinstance(value, bool) else "" if value is None else str(value).strip()
     if not text:
@@ -158,8 +200,8 @@ def _class(row: dict, i: int, path) -> str:
     except ValueError:
         return text
     if not number.is_integer():
-        raise ValueError(f"{path}: row {i + 1} has label {value!r}, not a whole number: this script fine-tunes "
-                         "classifiers only (a regression task such as stsb is refused)")
+        raise ValueError(f"{path}: row {i + 1} has label {value!r}, not a whole number, among class names: a regression "
+                         "file's labels are all numbers; a classification file's are names or whole numbers")
     return str(int(number))
 
 
@@ -218,7 +260,7 @@ def glue_task(name: str) -> TaskData:
     """A GLUE task from the hub through `datasets` (as GaLore's run_glue.py); needs internet."""
     import datasets
 
-    first, second, validation = GLUE_TASKS[name]
+    first, second, validation = {**GLUE_TASKS, **GLUE_REGRESSION}[name]
     try:
         raw = datasets.load_dataset("nyu-mll/glue", name)
     except Exception as error:  # offline, the hub answers with one of many connection errors
@@ -229,5 +271,5 @@ def glue_task(name: str) -> TaskData:
     def split(part) -> Split:
         return Split(list(zip(*(part[c] for c in columns), strict=True)), list(part["label"]))
 
-    label_names = tuple(raw["train"].features["label"].names)
+    label_names = () if name in GLUE_REGRESSION else tuple(raw["train"].features["label"].names)
     return TaskData(name, label_names, split(raw["train"]), split(raw[validation]))

@@ -140,9 +140,12 @@ def test_text_columns_and_classes_follow_the_scripts_rules(tmp_path):
 @pytest.mark.parametrize("train_text, validation_text, message", [
     ("text,class\na,0\n", "text,class\na,0\n", r"no 'label' column \(columns: text, class\)"),
     ("text,label\na,0\nb,1\n", "text,label\na,2\n", r"row 1 has label '2', which no row of the training file has"),
-    ("text,label\na,0.5\n", "text,label\na,0\n", r"row 1 has label '0.5', not a whole number.*regression"),
     ("text,label\na,\n", "text,label\na,0\n", r"row 1 has no label"),
     ("label\n0\n", "label\n0\n", r"only a 'label' column"),
+    # a regression file (labels all numbers, one fractional; test_finetune_regression.py) and a mixed one
+    ("text,label\na,0.5\nb,1\n", "text,label\na,high\n", r"validation.csv: row 1 has label 'high', not a finite number"),
+    ("text,label\na,0.5\nb,1\n", "text,label\na,nan\n", r"row 1 has label 'nan', not a finite number"),
+    ("text,label\na,0.5\nb,yes\n", "text,label\na,yes\n", r"row 1 has label '0.5', not a whole number, among class"),
 ])
 def test_bad_files_are_refused_by_value(tmp_path, train_text, validation_text, message):
     train, validation = tmp_path / "train.csv", tmp_path / "validation.csv"
