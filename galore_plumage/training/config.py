@@ -130,7 +130,8 @@ class TrainConfig:
     continue_from: str = flag(None, "resume from a checkpoint folder, or a save_dir: its newest complete checkpoint. "
                                      "Flags that define the run must match the checkpoint's (a resume may change "
                                      "only " + ", ".join(f"--{k}" for k in sorted(RESUME_MAY_CHANGE - {"continue_from"}))
-                                     + ")")
+                                     + ", and --batch_size, --gradient_accumulation and the number of processes while "
+                                       "--total_batch_size stays)")
     overwrite: bool = flag(False, "delete the run already in --save_dir (its checkpoints and metrics.jsonl) and start "
                                    "afresh; without it a used --save_dir is refused unless --continue_from resumes it")
     stop_at: int = flag(None, "checkpoint and stop at this update, as a preempted job would, keeping the schedule "
