@@ -91,18 +91,19 @@ def evaluate(model, batches: list[torch.Tensor], context: Dist, autocast) -> tup
     return loss_sum / count, int(count)
 
 
-def find_resume(config: TrainConfig, context: Dist) -> Path | None:
-    """The checkpoint to resume (None for a new run), found before any data is read; one written by a run with
-    other flags is refused, naming each. The main rank verifies the files (hashes them) and tells the others."""
+def find_resume(config: TrainConfig, context: Dist) -> tuple[Path | None, dict]:
+    """The checkpoint to resume (None for a new run) and the flags of the run that wrote it ({} if it predates them),
+    found before any data is read; one written by a run with other flags is refused, naming each. The main rank
+    verifies the files (hashes them) and tells the others."""
     if config.continue_from is None:
-        return None
+        return None, {}
     folder = computed_on_main(lambda: resolve_checkpoint(config.continue_from), context)
-    saved = saved_config(folder)
+    saved = saved_config(folder) or {}
     if conflicts := resume_conflicts(saved, config, may_change(saved, config)) if saved else []:
         raise ValueError(f"--continue_from {config.continue_from!r}: {folder.name} was written by a run with other "
                          f"flags: {'; '.join(conflicts)}. Give the checkpoint's values (or drop those flags), or start "
                          "a new run in a new --save_dir")
-    return folder
+    return folder, saved
 
 
 def may_change(saved: dict, config: TrainConfig) -> frozenset[str]:
@@ -148,7 +149,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, context: Dist):
         seed_everything(config.seed)
         self.config, self.context, self.main = config, context, context.is_main
-        resume_folder = find_resume(config, context)
+        resume_folder, saved = find_resume(config, context)
         self.log = MetricsLog(config.save_dir, enabled=self.main)
         self.batches = load_data(config, context)
         tokenizer = self.batches.tokenizer
@@ -167,7 +168,7 @@ class Trainer:
             claim_save_dir(config)
         self.update_step, self.tokens_seen = 0, 0
         if resume_folder is not None:
-            self.resume(resume_folder)
+            self.resume(resume_folder, saved)
         self.announce()
         self.ddp_model = self.model
         if context.active and not config.fsdp:
@@ -176,10 +177,10 @@ class Trainer:
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.progress = Progress(config.num_training_steps, self.update_step, enabled=self.main and config.progress)
 
-    def resume(self, folder: Path) -> None:
-        """Model, optimizer, schedule, data position, RNG and counters from a checkpoint; the run's own log is cut
-        back to it, so the updates about to be replayed are not counted twice."""
-        saved = saved_config(folder) or {}  # the writer's batch layout may differ (may_change)
+    def resume(self, folder: Path, saved: dict) -> None:
+        """Model, optimizer, schedule, data position, RNG and counters from a checkpoint (`saved`: its writer's flags,
+        whose batch layout may differ: may_change); the run's own log is cut back to it, so the updates about to be
+        replayed are not counted twice."""
         if self.config.fsdp:
             state = load_sharded_checkpoint(folder, self.model, self.optimizer, saved.get("world_size"))
         else:
