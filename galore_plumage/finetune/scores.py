@@ -20,14 +20,13 @@ def validation_scores(model, loader: DataLoader, regression: bool) -> dict[str, 
     for batch in loader:
         labels = batch.pop("labels")
         logits = model(**batch).logits
-        outputs.append(logits.squeeze(-1).float() if regression else logits.argmax(dim=-1))
+        outputs.append(logits.squeeze(-1) if regression else logits.argmax(dim=-1))
         targets.append(labels)
     model.train()
     predicted, target = torch.cat(outputs), torch.cat(targets)
     if not regression:
         return {"accuracy": (predicted == target).double().mean().item()}
-    target = target.double()
-    return {"pearson": pearson(predicted.double(), target), "spearmanr": pearson(ranks(predicted), ranks(target))}
+    return {"pearson": pearson(predicted, target), "spearmanr": pearson(ranks(predicted), ranks(target))}
 
 
 def pearson(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -125,11 +125,14 @@ def _texts(row: dict, columns: tuple[str, ...], i: int, path) -> tuple[str, ...]
 
 
 def _number(value) -> float | None:
+    """A label as a finite number, or None (no label, a boolean, text, nan or inf)."""
+    if value is None or isinstance(value, bool):
+        return None
     try:
-        number = float(str(value).strip()) if not isinstance(value, bool) and value is not None else None
+        number = float(str(value).strip())
     except ValueError:
         return None
-    return number if number is not None and math.isfinite(number) else None
+    return number if math.isfinite(number) else None
 
 
 def _is_regression(rows: list[dict]) -> bool:
