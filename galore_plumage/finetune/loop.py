@@ -210,11 +210,15 @@ def _names_in_group_order(optimizer, model) -> list[str]:
 
 
 def summary_table(summaries: list[dict]) -> str:
-    """A markdown table: one row per run."""
-    metric = summaries[0].get("metric", "accuracy") if summaries else "accuracy"
-    lines = [f"| method | seed | terminal train loss | best {metric} | optimizer state | wall time |",
+    """A markdown table: one row per run. Runs scored alike share the column's name (best accuracy, best pearson);
+    a table mixing classification and regression runs names each run's metric beside its score."""
+    metrics = [s.get("metric", "accuracy") for s in summaries]
+    shared = len(set(metrics)) <= 1
+    header = f"best {metrics[0]}" if metrics and shared else "best score"
+    lines = [f"| method | seed | terminal train loss | {header} | optimizer state | wall time |",
              "|---|---:|---:|---:|---:|---:|"]
-    for s in summaries:
-        lines.append(f"| {s['method']} | {s['seed']} | {s['terminal_train_loss']:.4f} | {s[f'best_{metric}']:.4f} | "
+    for s, metric in zip(summaries, metrics, strict=True):
+        best = f"{s[f'best_{metric}']:.4f}" + ("" if shared else f" ({metric})")
+        lines.append(f"| {s['method']} | {s['seed']} | {s['terminal_train_loss']:.4f} | {best} | "
                      f"{s['optimizer_state_bytes'] / 2**20:.2f} MiB | {s['wall_time_s']:.0f} s |")
     return "\n".join(lines)

@@ -124,20 +124,28 @@ def _texts(row: dict, columns: tuple[str, ...], i: int, path) -> tuple[str, ...]
     return tuple(str(row[c]) for c in columns)
 
 
-def _number(value) -> float | None:
-    """A label as a finite number, or None (no label, a boolean, text, nan or inf)."""
+def _parsed(value) -> float | None:
+    """A label read as a number (nan and inf included), or None: no label, a boolean, or text that is no number."""
     if value is None or isinstance(value, bool):
         return None
     try:
-        number = float(str(value).strip())
+        return float(str(value).strip())
     except ValueError:
         return None
-    return number if math.isfinite(number) else None
+
+
+def _number(value) -> float | None:
+    """A regression target: a label that is a finite number, else None."""
+    number = _parsed(value)
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _is_regression(rows: list[dict]) -> bool:
-    numbers = [_number(row.get("label")) for row in rows]
-    return all(n is not None for n in numbers) and any(not n.is_integer() for n in numbers)
+    """HF's rule: every label is a number and one is fractional. A nan or inf counts as a number here, so a file of
+    targets with one bad value is read as regression and that row is refused by value, not as a class name."""
+    numbers = [_parsed(row.get("label")) for row in rows]
+    return (all(n is not None for n in numbers)
+            and any(math.isfinite(n) and not n.is_integer() for n in numbers))
 
 
 def _regression_files(train_file, validation_file, train_rows, validation_rows, columns, max_train, max_eval) -> TaskData:
@@ -198,11 +206,10 @@ def _class(row: dict, i: int, path) -> str:
     text = str(value).lower() if isinstance(value, bool) else "" if value is None else str(value).strip()
     if not text:
         raise ValueError(f"{path}: row {i + 1} has no label")
-    try:
-        number = float(text)
-    except ValueError:
+    number = _parsed(value)
+    if number is None:
         return text
-    if not number.is_integer():
+    if not (math.isfinite(number) and number.is_integer()):
         raise ValueError(f"{path}: row {i + 1} has label {value!r}, not a whole number, among class names: a regression "
                          "file's labels are all numbers; a classification file's are names or whole numbers")
     return str(int(number))

@@ -146,6 +146,9 @@ def test_text_columns_and_classes_follow_the_scripts_rules(tmp_path):
     ("text,label\na,0.5\nb,1\n", "text,label\na,high\n", r"validation.csv: row 1 has label 'high', not a finite number"),
     ("text,label\na,0.5\nb,1\n", "text,label\na,nan\n", r"row 1 has label 'nan', not a finite number"),
     ("text,label\na,0.5\nb,yes\n", "text,label\na,yes\n", r"row 1 has label '0.5', not a whole number, among class"),
+    # a nan among the training file's targets is that row's error, not a reason to read the file as classes
+    ("text,label\na,0.5\nb,nan\n", "text,label\na,1\n", r"train.csv: row 2 has label 'nan', not a finite number"),
+    ("text,label\na,inf\nb,1\n", "text,label\na,1\n", r"train.csv: row 1 has label 'inf', not a whole number"),
 ])
 def test_bad_files_are_refused_by_value(tmp_path, train_text, validation_text, message):
     train, validation = tmp_path / "train.csv", tmp_path / "validation.csv"

@@ -12,7 +12,7 @@ from finetune_helpers import COMMON, WORDS, records, save_tiny_bert
 from scipy import stats
 
 from galore_plumage.finetune import parse_config
-from galore_plumage.finetune.loop import run
+from galore_plumage.finetune.loop import run, summary_table
 from galore_plumage.finetune.scores import pearson, ranks
 from galore_plumage.finetune.tasks import load_files, load_task
 
@@ -90,3 +90,13 @@ def test_a_regression_file_trains_and_is_scored_by_pearson(tmp_path):
     assert summary["metric"] == "pearson" and summary["best_pearson"] == max(r["eval_pearson"] for r in epochs)
     assert epochs[-1]["train_loss"] < 0.5 * epochs[0]["train_loss"]
     assert summary["best_pearson"] > 0.9 and summary["final_pearson"] > 0.8, epochs  # measured 0.98, 0.88
+
+
+def test_a_summary_table_of_mixed_tasks_names_each_runs_metric():
+    common = {"seed": 0, "terminal_train_loss": 0.5, "optimizer_state_bytes": 2**20, "wall_time_s": 3.0}
+    accuracy = {**common, "method": "galore", "metric": "accuracy", "best_accuracy": 0.9}
+    pearson_run = {**common, "method": "plumage", "metric": "pearson", "best_pearson": 0.8}
+    assert "| best accuracy |" in summary_table([accuracy, accuracy]) and "| 0.9000 |" in summary_table([accuracy])
+    mixed = summary_table([accuracy, pearson_run]).splitlines()
+    assert "| best score |" in mixed[0]
+    assert "| 0.9000 (accuracy) |" in mixed[2] and "| 0.8000 (pearson) |" in mixed[3]
