@@ -98,10 +98,18 @@ class Candidate:
 class Result:
     name: str
     family: str
-    steady: float | None = None  # seconds
-    refresh: float | None = None  # seconds; None for full-rank optimizers (they never refresh)
+    steady_reps: list[float] | None = None  # seconds, one a repetition, in order
+    refresh_reps: list[float] | None = None  # the same; None for full-rank optimizers (they never refresh)
     state_bytes: tuple[int, int] | None = None  # (storages kept alive, the tensors' own bytes)
     failure: str | None = None
+
+    @property
+    def steady(self) -> float | None:
+        return None if self.steady_reps is None else statistics.median(self.steady_reps)
+
+    @property
+    def refresh(self) -> float | None:
+        return None if self.refresh_reps is None else statistics.median(self.refresh_reps)
 
     @property
     def amortized(self) -> float | None:
@@ -261,6 +269,11 @@ def floor_bases(grads: list[torch.Tensor], rank: int, device) -> list[torch.Tens
 
 def time_interleaved(steps: dict[str, Callable[[], None]], reps: int, device, what: str) -> dict[str, float]:
     """Median seconds per step of each entry, repetitions interleaved across entries."""
+    return {name: statistics.median(values) for name, values in times_interleaved(steps, reps, device, what).items()}
+
+
+def times_interleaved(steps: dict[str, Callable[[], None]], reps: int, device, what: str) -> dict[str, list[float]]:
+    """Seconds of each entry's step in each repetition (a repetition steps every entry once, in turn)."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     for rep in range(reps):
         started = time.perf_counter()
@@ -271,7 +284,7 @@ def time_interleaved(steps: dict[str, Callable[[], None]], reps: int, device, wh
             synchronize(device)
             times[name].append(time.perf_counter() - start)
         print(f"  {what} rep {rep + 1}/{reps}: {time.perf_counter() - started:.1f} s", flush=True)
-    return {name: statistics.median(values) for name, values in times.items()}
+    return times
 
 
 def build_all(cands: list[Candidate], grads, rank: int, gap: int, device, results: dict[str, Result]):
@@ -298,15 +311,15 @@ def measure_size(label: str, args, device: torch.device) -> list[Result]:
     print(f"{label}: h={h} i={i} rank={rank}, steady steps", flush=True)
     steps = build_all(cands, grads, rank, STEADY_GAP, device, results)
     steps[FLOOR] = floor_step(grads, floor_bases(grads, rank, device))
-    for name, seconds in time_interleaved(steps, args.reps, device, "steady").items():
-        results[name].steady = seconds
+    for name, seconds in times_interleaved(steps, args.reps, device, "steady").items():
+        results[name].steady_reps = seconds
     del steps
 
     print(f"{label}: refresh steps", flush=True)
     low_rank = [c for c in cands if c.low_rank and results[c.name].failure is None]
     steps = build_all(low_rank, grads, rank, 1, device, results)
-    for name, seconds in time_interleaved(steps, args.refresh_reps, device, "refresh").items():
-        results[name].refresh = seconds
+    for name, seconds in times_interleaved(steps, args.refresh_reps, device, "refresh").items():
+        results[name].refresh_reps = seconds
     return list(results.values())
 
 
@@ -330,18 +343,29 @@ def ratio(value: float | None, reference: float | None) -> str:
     return "—" if value is None or not reference else f"{value / reference:.2f}"
 
 
+def paired_ratio(reps: list[float] | None, reference: list[float] | None) -> str:
+    """The median over repetitions of this row's time over the reference's in the same repetition: both sides of each
+    ratio ran back to back, so drift that moves both (another process, the clock) cancels, as it does not between
+    two medians taken over the whole run."""
+    if reps is None or reference is None:
+        return "—"
+    return f"{statistics.median(mine / theirs for mine, theirs in zip(reps, reference, strict=True)):.2f}"
+
+
 def table(results: list[Result]) -> str:
     by_name = {r.name: r for r in results}
-    lines = ["| optimizer | steady ms | refresh ms | amortized ms (τ=200) | state MiB | steady / galore | amortized / galore |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| optimizer | steady ms | refresh ms | amortized ms (τ=200) | state MiB | steady / galore | refresh / galore "
+             "| amortized / galore |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if r.failure is not None:
-            lines.append(f"| {r.name} | n/a: {r.failure.replace('|', '/')} | | | | | |")
+            lines.append(f"| {r.name} | n/a: {r.failure.replace('|', '/')} | | | | | | |")
             continue
         reference = by_name[REFERENCE[r.family]]
         state = "—" if r.state_bytes is None else mib(*r.state_bytes)
         lines.append(f"| {r.name} | {ms(r.steady)} | {ms(r.refresh)} | {ms(r.amortized)} | {state} "
-                     f"| {ratio(r.steady, reference.steady)} | {ratio(r.amortized, reference.amortized)} |")
+                     f"| {paired_ratio(r.steady_reps, reference.steady_reps)} "
+                     f"| {paired_ratio(r.refresh_reps, reference.refresh_reps)} | {ratio(r.amortized, reference.amortized)} |")
     return "\n".join(lines)
 
 
@@ -381,6 +405,8 @@ def report(tables: dict[str, list[Result]], args, device: torch.device) -> str:
         "is a slice of the full SVD factor and keeps all of it alive).",
         "Ratios are against galore-torch's GaLoreAdamW (adamw rows and the floor), GaLoreAdamW8bit (8-bit rows) and",
         "GaLoreAdafactor (adafactor rows). Full-rank optimizers never refresh: their amortized time is their steady time.",
+        "Steady and refresh ratios are paired: the median over repetitions of the row's time over the reference's in",
+        "the same repetition (so drift both saw cancels); the amortized ratio is that of the two amortized times.",
         "The floor is the bare projection matmuls (project and project back on the smaller side at the rank).",
         "galore-torch's GaLoreAdamW8bit passes bitsandbytes' arguments positionally: with bitsandbytes ≥ 0.45 its",
         "`percentile_clipping=100` becomes `max_unorm=100`, so its steps also compute an update norm.",
