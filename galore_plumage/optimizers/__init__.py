@@ -14,6 +14,7 @@ galore_adamw8bit_per_layer.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 from torch import nn
@@ -194,6 +195,19 @@ def check_optimizer_options(name: str, projector: str | None, options: dict, whe
         check_options({key: value}, spec.backend, projector_spec(projector or spec.projector).cls, prefix)
 
 
+def check_regular_lr(regular_lr: float | None, name: str, low_rank: bool) -> None:
+    """Refuse a regular-group lr that is not a positive finite number, or one given to a full-rank optimizer (whose
+    every weight is in the regular group, so --lr already is that lr)."""
+    if regular_lr is None:
+        return
+    if not low_rank:
+        raise ValueError(f"regular_lr={regular_lr!r} sets the lr of the weights a low-rank optimizer does not project, "
+                         f"but optimizer {name!r} projects none; give its lr as lr instead")
+    if not (isinstance(regular_lr, (int, float)) and math.isfinite(regular_lr) and regular_lr > 0):
+        raise ValueError(f"regular_lr={regular_lr!r}: expected a positive finite number (the peak lr of the embeddings, "
+                         "norms and head), or leave it out to use lr")
+
+
 def build_optimizer(
     name: str,
     model: nn.Module,
@@ -208,6 +222,7 @@ def build_optimizer(
     preset: str | None = None,
     accumulation_steps: int = 1,
     grad_clipping: float = 0.0,
+    regular_lr: float | None = None,
     verbose: bool = False,
     **options,
 ) -> LowRankOptimizer | LayerwiseOptimizer:
@@ -220,6 +235,7 @@ def build_optimizer(
     (optimizers/presets.py: 'paper', 'sampled') replaces those defaults of a plumage_* name; arguments given
     still win. For the Adafactor names an lr (given or recommended) turns the relative step off
     (relative_step=False, scale_parameter=False unless passed), so `lr=` works as it does for every other name.
+    `regular_lr` gives the regular group its own peak lr (the schedule scales both alike); default: `lr`.
     The routing is kept on the optimizer as `.routing` and printed when verbose.
     """
     spec = optimizer_spec(name)
@@ -233,11 +249,12 @@ def build_optimizer(
     scale = _first_given(scale, settings.get("scale"), family_scale(spec))
     lr = _first_given(lr, chosen.lr if chosen else None, RECOMMENDED_LR.get((spec.family, spec.backend)))
     check_optimizer_options(name, projector, options, where="")
+    check_regular_lr(regular_lr, name, spec.projector is not None)
     routes = route_parameters(model, target_modules, projector)
     params = dict(model.named_parameters())
     regular = [params[r.name] for r in routes if not r.low_rank]
     low_rank = [params[r.name] for r in routes if r.low_rank]
-    groups = [{"params": regular}] if regular else []
+    groups = [{"params": regular, **({} if regular_lr is None else {"lr": regular_lr})}] if regular else []
     if low_rank:
         defaults = {**family_defaults(spec), **{key: value for key, value in settings.items() if key in BY_KEY}}
         family = {key: value for key, value in defaults.items() if key not in options}
@@ -290,6 +307,7 @@ __all__ = [
     "Update",
     "build_optimizer",
     "check_optimizer_options",
+    "check_regular_lr",
     "recommended_lr",
     "OPTIONS",
     "SAMPLED_STEPS",

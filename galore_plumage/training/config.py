@@ -26,6 +26,7 @@ from ..optimizers import (
     LayerwiseOptimizer,
     PlumageAdamW,
     check_optimizer_options,
+    check_regular_lr,
     list_optimizers,
     optimizer_spec,
     recommended_lr,
@@ -105,6 +106,8 @@ class TrainConfig:
     optimizer: str = flag("plumage_adamw", "optimizer name (case-insensitive)", choices=list_optimizers(), type=str.lower)
     lr: float = flag(None, "peak learning rate; default: the optimizer's recommended lr (optimizers.recommended_lr: "
                             "the best of benchmarks/pretrain_protocol.py where it was run" + _recommended_lrs() + ")")
+    regular_lr: float = flag(None, "peak learning rate of the weights that are not projected (embeddings, norms, the "
+                                   "head), following the same schedule; default: --lr, one lr on every group as GaLore")
     weight_decay: float = flag(0.0, "decoupled weight decay")
     beta1: float = flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
     grad_clipping: float = flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
@@ -237,7 +240,7 @@ def _check_numbers(c: TrainConfig) -> None:
                  "update_proj_gap", "eval_tokens", "vocab_size"):
         if getattr(c, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
-    for name in ("lr", "weight_decay", "grad_clipping", "min_lr_ratio", "beta1", "galore_scale"):
+    for name in ("lr", "regular_lr", "weight_decay", "grad_clipping", "min_lr_ratio", "beta1", "galore_scale"):
         value = getattr(c, name)
         if value is not None and not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -257,6 +260,10 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
     per_layer = optimizer_spec(c.optimizer).per_layer
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)  # before any file is written
+    try:
+        check_regular_lr(c.regular_lr, c.optimizer, optimizer_spec(c.optimizer).projector is not None)
+    except ValueError as error:
+        raise ValueError(f"--regular_lr {c.regular_lr}: {error}; drop --regular_lr or pick a low-rank optimizer") from None
     if c.fsdp and c.single_gpu:
         raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
                          "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")

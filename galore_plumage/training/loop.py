@@ -68,7 +68,8 @@ def make_optimizer(config: TrainConfig, model: torch.nn.Module):
     return build_optimizer(
         config.optimizer, model, rank=config.rank, update_proj_gap=config.update_proj_gap, scale=config.galore_scale,
         proj_type=config.proj_type, projector=config.projector, realign=config.realign, preset=config.preset,
-        accumulation_steps=config.gradient_accumulation, grad_clipping=config.grad_clipping, **optimizer_options(config),
+        accumulation_steps=config.gradient_accumulation, grad_clipping=config.grad_clipping, regular_lr=config.regular_lr,
+        **optimizer_options(config),
     )
 
 
@@ -240,7 +241,7 @@ class Trainer:
                                      f"--grad_clipping. The last checkpoint is left untouched")
         if config.grad_clipping > 0:  # resolve() refused clipping for per-layer optimizers
             torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clipping)
-        lr = self.inner.param_groups[0]["lr"]
+        lr = self.inner.param_groups[-1]["lr"]  # --lr's group: the low-rank one is built last (--regular_lr: the first)
         self.optimizer.step()
         step_scheduler(self.scheduler)
         self.optimizer.zero_grad(set_to_none=True)
