@@ -26,7 +26,6 @@ from ..optimizers import (
     LayerwiseOptimizer,
     PlumageAdamW,
     check_optimizer_options,
-    check_regular_lr,
     list_optimizers,
     optimizer_spec,
     recommended_lr,
@@ -247,6 +246,8 @@ def _check_numbers(c: TrainConfig) -> None:
     for name in ("lr", "weight_decay", "grad_clipping", "warmup_steps", "workers"):
         if getattr(c, name) < 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
+    if c.regular_lr is not None and c.regular_lr <= 0:
+        raise ValueError(f"--regular_lr must be > 0, got {c.regular_lr}; leave it out to use --lr")
     if not 0.0 <= c.min_lr_ratio <= 1.0:
         raise ValueError(f"--min_lr_ratio must be in [0, 1], got {c.min_lr_ratio}")
     if not 0.0 <= c.beta1 < 1.0:
@@ -260,10 +261,9 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
     per_layer = optimizer_spec(c.optimizer).per_layer
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)  # before any file is written
-    try:
-        check_regular_lr(c.regular_lr, c.optimizer, optimizer_spec(c.optimizer).projector is not None)
-    except ValueError as error:
-        raise ValueError(f"--regular_lr {c.regular_lr}: {error}; drop --regular_lr or pick a low-rank optimizer") from None
+    if c.regular_lr is not None and optimizer_spec(c.optimizer).projector is None:
+        raise ValueError(f"--regular_lr {c.regular_lr} sets the lr of the weights a low-rank optimizer does not project, "
+                         f"but --optimizer {c.optimizer} projects none: give its lr as --lr and drop --regular_lr")
     if c.fsdp and c.single_gpu:
         raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
                          "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")

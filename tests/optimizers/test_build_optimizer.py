@@ -200,6 +200,58 @@ def test_the_callers_groups_are_left_as_given():
     assert low_rank["params"] == weights and groups == given
 
 
+@pytest.mark.parametrize("name", ["galore_adamw", "plumage_adamw", "plumage_adamw_per_layer", "galore_adafactor"])
+def test_regular_lr_is_the_regular_groups_and_follows_the_schedule(name):
+    """--regular_lr: the regular group (embeddings, norms, head) at its own peak lr, the low-rank one at `lr`; a
+    schedule scales both alike, and the same gradient moves a regular weight by that group's lr."""
+    from galore_plumage.training.schedule import build_scheduler, step_scheduler
+
+    model = _model(freeze=False)
+    optimizer = build_optimizer(name, model, rank=4, lr=1e-2, regular_lr=2e-3)
+    inner = optimizer.optimizer if isinstance(optimizer, LayerwiseOptimizer) else optimizer
+    regular, low_rank = inner.param_groups
+    assert "rank" not in regular and "rank" in low_rank
+    assert (regular["lr"], low_rank["lr"]) == (2e-3, 1e-2)
+    assert {id(p) for p in regular["params"]} == {id(model.lm_head.weight), id(model.embed_tokens.weight),
+                                                   id(model.norm.weight), id(model.layers[0].mlp.down_proj.bias),
+                                                   *(id(p) for layer in model.layers for p in (
+                                                       layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                                                       layer.mlp.down_proj.bias))}
+    scheduler = build_scheduler(inner, "cosine", warmup_steps=2, total_steps=10, min_lr_ratio=0.1)
+    for _ in range(5):
+        for param in model.parameters():
+            param.grad = torch.ones_like(param)
+        optimizer.step()
+        step_scheduler(scheduler)  # quiet about per-layer mode, whose weights step in their hooks
+        assert regular["lr"] == pytest.approx(0.2 * low_rank["lr"], rel=1e-12)
+    assert 0 < low_rank["lr"] < 1e-2
+
+
+def test_regular_lr_moves_the_regular_weights_by_its_own_lr():
+    """AdamW's first step moves a weight by lr (its normalized step is ±1): the head by regular_lr, not lr."""
+    moved = []
+    for regular_lr in (None, 1e-3):
+        model = _model(freeze=False)
+        optimizer = build_optimizer("galore_adamw", model, rank=4, lr=1e-2, regular_lr=regular_lr)
+        before = model.lm_head.weight.detach().clone()
+        for param in model.parameters():
+            param.grad = torch.ones_like(param)
+        optimizer.step()
+        moved.append((model.lm_head.weight.detach() - before).abs().max().item())
+    assert moved == [pytest.approx(1e-2, rel=1e-3), pytest.approx(1e-3, rel=1e-3)]
+
+
+@pytest.mark.parametrize(("name", "regular_lr", "message"), [
+    ("adamw", 1e-3, r"regular_lr=0.001 .* optimizer 'adamw' projects none; give its lr as lr"),
+    ("galore_adamw", 0.0, r"regular_lr=0.0: expected a positive finite number"),
+    ("galore_adamw", float("nan"), r"regular_lr=nan: expected a positive finite number"),
+    ("plumage_adamw", -1e-3, r"regular_lr=-0.001: expected a positive finite number"),
+])
+def test_regular_lr_bad_values_are_refused(name, regular_lr, message):
+    with pytest.raises(ValueError, match=message):
+        build_optimizer(name, _model(), rank=4, regular_lr=regular_lr)
+
+
 @pytest.mark.parametrize("name", ["adafactor", "galore_adafactor", "plumage_adafactor"])
 def test_adafactor_names_take_a_given_lr(name):
     """An lr replaces Adafactor's relative step (it used to fail: "Cannot combine manual lr and relative_step"), and

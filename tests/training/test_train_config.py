@@ -57,6 +57,7 @@ OUR_FLAGS = {
     "tokenizer": (["--tokenizer", "t5-base"], "t5-base"),
     "stop_at": (["--stop_at", "5"], 5),
     "projection_seed": (["--projection_seed", "3"], 3),
+    "regular_lr": (["--regular_lr", "3e-3"], 3e-3),
 }
 
 
@@ -244,6 +245,10 @@ def test_proj_quant_is_refused():
     (["--optimizer", "galore_adamw", "--max_inv_p", "3"], r"--max_inv_p 3.0: .*projector 'svd' does not rescale"),
     (["--optimizer", "plumage_adamw", "--projector", "random", "--max_inv_p", "3"], r"projector 'random' does not"),
     (["--optimizer", "plumage_adamw", "--max_inv_p", "0.5"], r"--max_inv_p 0.5: max_inv_p must be a number >= 1"),
+    (["--regular_lr", "inf"], "--regular_lr must be a finite number, got inf"),
+    (["--regular_lr", "0"], r"--regular_lr must be > 0, got 0.0; leave it out to use --lr"),
+    (["--optimizer", "adamw", "--regular_lr", "1e-3"], r"--regular_lr 0.001 .* --optimizer adamw projects none: give "
+                                                        r"its lr as --lr"),
 ])
 def test_out_of_range_values_name_the_flag(argv, message):
     with pytest.raises(ValueError, match=message):
