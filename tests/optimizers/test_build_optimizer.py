@@ -241,6 +241,25 @@ def test_regular_lr_moves_the_regular_weights_by_its_own_lr():
     assert moved == [pytest.approx(1e-2, rel=1e-3), pytest.approx(1e-3, rel=1e-3)]
 
 
+def test_regular_lr_is_a_rescaled_galore_scale_without_weight_decay():
+    """Adam's low-rank step is lr x scale x its normalized direction, and the decay is lr x weight_decay: so with no
+    decay, --lr L --regular_lr R is the run --lr R --galore_scale s L / R (why the protocol's arms with regular_lr
+    also measure GaLore's scale). Across refreshes, with the floor, to float32 rounding."""
+    weights = []
+    for options in ({"lr": 5e-3, "regular_lr": 2e-2, "scale": 0.25}, {"lr": 2e-2, "scale": 0.25 * 5e-3 / 2e-2}):
+        model = _model(freeze=False)
+        optimizer = build_optimizer("galore_adamw", model, rank=4, update_proj_gap=2, v_floor="m2", **options)
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(5):
+            for param in model.parameters():
+                param.grad = torch.randn(param.shape, generator=generator)
+            optimizer.step()
+        weights.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*weights, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert not torch.equal(weights[0][0], _model(freeze=False).embed_tokens.weight)
+
+
 @pytest.mark.parametrize(("name", "regular_lr", "message"), [
     ("adamw", 1e-3, r"regular_lr=0.001 .* optimizer 'adamw' projects none; give its lr as lr"),
     ("galore_adamw", 0.0, r"regular_lr=0.0: expected a positive finite number"),
