@@ -250,8 +250,9 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # (--regular_lr) and the low-rank group at the arm's: the floor's best lr, 1e-2 at 5000 updates, is 3.3x GaLore's,
     # and every group took it; through the middle of a long run the floor trails GaLore (sessions 26-27). Is that the
     # regular group's lr?
-    # (At regular 3e-3 both fell 0.13-0.17 behind their one-lr runs by update 1000, session 28: the regular group
-    # wants the high lr. So the other way round: the regular group at 1e-2, the low-rank group lower.)
+    # (At regular 3e-3 and a low-rank 1e-2 both fell behind GaLore's recipe at 3e-3 and the floor at 1e-2, by 0.10-0.12
+    # at update 1000 and 0.17-0.18 at 1750, session 28: the regular group wants the high lr. So the other way round:
+    # the regular group at 1e-2, the low-rank group lower.)
     **{f"{label}_regular{regular_lr}": (optimizer, [*flags, "--regular_lr", regular_lr], lrs[regular_lr])
        for label, optimizer, flags, lrs in (
            ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"],

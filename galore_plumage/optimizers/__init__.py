@@ -195,7 +195,7 @@ def check_optimizer_options(name: str, projector: str | None, options: dict, whe
         check_options({key: value}, spec.backend, projector_spec(projector or spec.projector).cls, prefix)
 
 
-def check_regular_lr(regular_lr: float | None, name: str, low_rank: bool) -> None:
+def _check_regular_lr(regular_lr: float | None, name: str, low_rank: bool) -> None:
     """Refuse a regular-group lr that is not a positive finite number, or one given to a full-rank optimizer (whose
     every weight is in the regular group, so --lr already is that lr)."""
     if regular_lr is None:
@@ -249,7 +249,7 @@ def build_optimizer(
     scale = _first_given(scale, settings.get("scale"), family_scale(spec))
     lr = _first_given(lr, chosen.lr if chosen else None, RECOMMENDED_LR.get((spec.family, spec.backend)))
     check_optimizer_options(name, projector, options, where="")
-    check_regular_lr(regular_lr, name, spec.projector is not None)
+    _check_regular_lr(regular_lr, name, spec.projector is not None)
     routes = route_parameters(model, target_modules, projector)
     params = dict(model.named_parameters())
     regular = [params[r.name] for r in routes if not r.low_rank]
@@ -307,7 +307,6 @@ __all__ = [
     "Update",
     "build_optimizer",
     "check_optimizer_options",
-    "check_regular_lr",
     "recommended_lr",
     "OPTIONS",
     "SAMPLED_STEPS",

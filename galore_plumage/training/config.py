@@ -259,9 +259,10 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
         raise ValueError("--proj_quant (Q-GaLore's quantized projections) is not implemented; drop the flag")
     if c.single_gpu and world_size > 1:
         raise ValueError(f"--single_gpu runs one process, but WORLD_SIZE is {world_size}: launch with --nproc_per_node 1")
-    per_layer = optimizer_spec(c.optimizer).per_layer
+    spec = optimizer_spec(c.optimizer)
+    per_layer = spec.per_layer
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)  # before any file is written
-    if c.regular_lr is not None and optimizer_spec(c.optimizer).projector is None:
+    if c.regular_lr is not None and spec.projector is None:
         raise ValueError(f"--regular_lr {c.regular_lr} sets the lr of the weights a low-rank optimizer does not project, "
                          f"but --optimizer {c.optimizer} projects none: give its lr as --lr and drop --regular_lr")
     if c.fsdp and c.single_gpu:
