@@ -256,10 +256,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"{label}_regular{regular_lr}": (optimizer, [*flags, "--regular_lr", regular_lr], lrs[regular_lr])
        for label, optimizer, flags, lrs in (
            ("galore_recipe", "galore_adamw", ["--galore_scale", "0.25"],
-            {"3e-3": (1e-2, 5e-3, 7e-3), "1e-2": (3e-3, 5e-3, 2e-3, 7e-3), "2e-2": (5e-3, 3e-3, 7e-3),
-             "3e-2": (5e-3, 7e-3)}),
+            {"3e-3": (1e-2, 5e-3, 7e-3), "1e-2": (3e-3, 5e-3, 2e-3, 7e-3), "2e-2": (5e-3, 3e-3, 7e-3, 2e-3),
+             "3e-2": (5e-3, 7e-3, 3e-3)}),
            ("galore_recipe_vfloor", "galore_adamw", ["--galore_scale", "0.25", "--v_floor", "m2"],
-            {"3e-3": (1e-2, 1.4e-2), "1e-2": (5e-3, 7e-3, 3e-3), "2e-2": (1e-2, 1.4e-2, 7e-3)}))
+            {"3e-3": (1e-2, 1.4e-2), "1e-2": (5e-3, 7e-3, 3e-3, 1e-2, 1.4e-2, 2e-2), "2e-2": (1e-2, 1.4e-2, 7e-3)}))
        for regular_lr in ("3e-3", "1e-2", "2e-2", "3e-2") if regular_lr in lrs},
     # 8-bit AdamW (bitsandbytes' blockwise states): GaLore's recipe, and with the floor (plumage_adamw8bit's default,
     # which dequantizes both moments and requantizes V before each low-rank update)
