@@ -397,9 +397,9 @@ class Projector:
         decomposition = eigh_gram(gram, dtype, noise_floor=True)  # None if eigh fails (a NaN Gram may make it fail)
         basis = None
         if decomposition is not None:
-            vectors, sigma = decomposition
             generator = refresh_generator(self.seed, self.index, self.refresh_count)
-            spectrum = Singular(sigma, lambda mode, columns: _row_major(vectors[:, columns]), usable)
+            spectrum = Singular(decomposition.sigma,
+                                lambda mode, columns: _row_major(decomposition.factor(mode, columns)), usable)
             basis = self._basis_from_spectrum(spectrum, ranks, generator)
         return self._install_or_skip(basis, shape, ranks, step, usable)
 

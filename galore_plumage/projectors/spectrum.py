@@ -2,7 +2,8 @@
 sharded refresh build their bases from.
 
     thin_svd      torch.linalg.svd as galore-torch calls it, retried in float64 on non-convergence
-    eigh_gram     eigenvectors and σ = √λ of a Gram matrix (G Gᵀ or Gᵀ G), the route of solver="gram"/"gram64" and of FSDP2
+    eigh_gram     σ = √λ and the eigenvectors of a Gram matrix (G Gᵀ or Gᵀ G) as a `Singular`: the route of
+                  solver="gram"/"gram64" and of FSDP2
     decompose     the solver's choice between them, as a `Singular` (σ and a way to cut factors)
     decompose_batch   the same for a stack of same-shaped gradients in one batched call (optimizers/batched_refresh.py)
 """
@@ -13,6 +14,14 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+
+
+class Singular(NamedTuple):
+    sigma: torch.Tensor  # descending
+    factor: Callable[[int, torch.Tensor | slice], torch.Tensor]  # (mode, columns) -> dim_mode × r
+    # whether the decomposed gradient was finite and not zero (a 0-d bool tensor, not yet read; None: known good): a
+    # basis that reads σ on the host reads it with σ and gives up when False (Projector.refresh)
+    usable: torch.Tensor | None = None
 
 
 def thin_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -42,8 +51,8 @@ def singular_factor(u: torch.Tensor, vh: torch.Tensor, mode: int, columns: torch
     return u[:, columns].clone() if mode == 0 else vh[columns].clone().T
 
 
-def gram_eigh(grad: torch.Tensor, mode: int, precise: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Side-`mode` singular vectors and the singular values (descending) of `grad`, from its Gram matrix.
+def gram_eigh(grad: torch.Tensor, mode: int, precise: bool = False) -> Singular | None:
+    """The singular values (descending) of `grad` and its side-`mode` singular vectors, from its Gram matrix.
 
     G Gᵀ = U Σ² Uᵀ (mode 0), Gᵀ G = V Σ² Vᵀ (mode 1): one eigh of a min(m, n)² matrix instead of an SVD of G.
     Squaring loses the smallest singular values to rounding (clamped at 0); the top ones, which the
@@ -92,8 +101,8 @@ def _gram_route(shape: tuple[int, ...], modes: tuple[int, ...], solver: str) -> 
     return solver.startswith("gram") and len(modes) == 1 and (m, n)[modes[0]] <= (m, n)[1 - modes[0]]
 
 
-def eigh_gram(gram: torch.Tensor, dtype: torch.dtype, noise_floor: bool = False) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Eigenvectors (columns) and σ = √λ of a symmetric PSD Gram matrix, both descending, cast to `dtype`.
+def eigh_gram(gram: torch.Tensor, dtype: torch.dtype, noise_floor: bool = False) -> Singular | None:
+    """σ = √λ (descending) of a symmetric PSD Gram matrix and its eigenvectors as singular vectors, cast to `dtype`.
 
     Rounding can leave tiny negative eigenvalues: they are clamped to σ = 0 (a direction that carries nothing),
     so σ is never NaN and stays sorted. Also the route of a sharded refresh, whose Gram is all-reduced over ranks.
@@ -110,26 +119,33 @@ def eigh_gram(gram: torch.Tensor, dtype: torch.dtype, noise_floor: bool = False)
             continue
     else:
         return None
-    return _descending(eigenvalues, eigenvectors, gram.dtype, dtype, noise_floor)
+    return _eigh_singular(eigenvalues, eigenvectors, gram.dtype, dtype, noise_floor)
 
 
-def _descending(eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, gram_dtype: torch.dtype, dtype: torch.dtype,
-                noise_floor: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """eigh's ascending output (one matrix's or a stack's) as descending eigenvectors and σ = √λ in `dtype`."""
+def _eigh_singular(eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, gram_dtype: torch.dtype, dtype: torch.dtype,
+                   noise_floor: bool) -> Singular:
+    """One matrix's eigh output (ascending) as a Singular: σ = √λ descending, in `dtype`, and factors cut from the
+    eigenvectors in descending order (descending_columns), cast to `dtype` once cut."""
     eigenvalues = eigenvalues.flip(-1)
     if noise_floor:
         floor = eigenvalues.shape[-1] * torch.finfo(gram_dtype).eps * eigenvalues[..., :1].clamp_min(0)
         eigenvalues = torch.where(eigenvalues < floor, torch.zeros_like(eigenvalues), eigenvalues)
     sigma = eigenvalues.clamp_min(0).sqrt().to(dtype)
-    return eigenvectors.flip(-1).to(dtype), sigma
+    return Singular(sigma, lambda mode, columns: descending_columns(eigenvectors, columns).to(dtype))
 
 
-class Singular(NamedTuple):
-    sigma: torch.Tensor  # descending
-    factor: Callable[[int, torch.Tensor | slice], torch.Tensor]  # (mode, columns) -> dim_mode × r
-    # whether the decomposed gradient was finite and not zero (a 0-d bool tensor, not yet read; None: known good): a
-    # basis that reads σ on the host reads it with σ and gives up when False (Projector.refresh)
-    usable: torch.Tensor | None = None
+def descending_columns(ascending: torch.Tensor, columns: torch.Tensor | slice) -> torch.Tensor:
+    """A copy of columns `columns` of eigh's eigenvectors counted from the largest eigenvalue: column j is `ascending`'s
+    column n − 1 − j. Only those columns are copied: flipping the whole n × n first, as refreshes did until session 30,
+    copied n² for a basis of r (1.6 % of a 130M layer's refresh). The values and the layout (column-major for a slice,
+    as eigh's output; row-major for an index tensor) are a copy's cut from the flipped whole."""
+    n = ascending.shape[-1]
+    if isinstance(columns, slice):
+        start, stop, step = columns.indices(n)
+        if step != 1:
+            raise ValueError(f"descending_columns takes a slice of consecutive columns or an index tensor, got {columns}")
+        return ascending[..., n - max(stop, start):n - start].flip(-1)
+    return ascending[..., n - 1 - columns]
 
 
 def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singular | None:
@@ -140,11 +156,7 @@ def decompose(grad: torch.Tensor, modes: tuple[int, ...], solver: str) -> Singul
     torch.linalg.svd.
     """
     if _gram_route(grad.shape, modes, solver):
-        result = gram_eigh(grad, modes[0], precise=solver == "gram64")
-        if result is None:
-            return None
-        vectors, sigma = result
-        return Singular(sigma, lambda mode, columns: vectors[:, columns].clone())
+        return gram_eigh(grad, modes[0], precise=solver == "gram64")
     result = thin_svd(grad)
     if result is None:
         return None
@@ -164,8 +176,8 @@ def decompose_batch(grads: torch.Tensor, modes: tuple[int, ...], solver: str) ->
     try:
         if _gram_route(grads.shape, modes, solver):
             grams = _gram(grads, modes[0], precise=solver == "gram64")
-            vectors, sigma = _descending(*torch.linalg.eigh(grams), grams.dtype, grads.dtype, noise_floor=False)
-            return [Singular(sigma[i], lambda mode, columns, v=vectors[i]: v[:, columns].clone())
+            eigenvalues, eigenvectors = torch.linalg.eigh(grams)
+            return [_eigh_singular(eigenvalues[i], eigenvectors[i], grams.dtype, grads.dtype, noise_floor=False)
                     for i in range(grads.shape[0])]
         u, sigma, vh = torch.linalg.svd(grads, full_matrices=False)
     except RuntimeError:

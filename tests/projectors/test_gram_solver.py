@@ -25,7 +25,8 @@ def test_gram_eigh_matches_svd(spectral_matrix, mode):
     """Singular values to float32 rounding; each top singular vector of the projected side up to its sign."""
     g, u, sigma, v = spectral_matrix(16, 40, SIGMA, seed=3, dtype=torch.float32)
     g = g if mode == 0 else g.T  # the projected side is the smaller one (16)
-    vectors, values = gram_eigh(g, mode)
+    decomposition = gram_eigh(g, mode)
+    vectors, values = decomposition.factor(mode, slice(None)), decomposition.sigma
     torch.testing.assert_close(values[:16].double(), sigma, rtol=1e-4, atol=1e-5)
     assert torch.all(values[16:] < 1e-3)  # the rank-16 matrix has no more energy
     cosines = (vectors[:, :8].double() * u[:, :8]).sum(0).abs()
@@ -207,3 +208,22 @@ def test_refresh_seeded_draws_the_same_basis_as_a_refresh(spectral_matrix):
     seeded, refreshed = (build_projector("random", 4, proj_type="right", seed=3, index=2) for _ in range(2))
     assert seeded.refresh_seeded(tuple(g.shape), 0, torch.float32, g.device) and refreshed.refresh(g, 0)
     assert torch.equal(seeded.factors[1], refreshed.factors[1])
+
+
+@pytest.mark.parametrize("columns", [slice(0, 5), slice(3, 11), slice(None), slice(7, 7), torch.tensor([4, 0, 9, 2])],
+                         ids=["top", "middle", "all", "empty", "drawn"])
+def test_descending_columns_are_a_cut_of_the_flipped_eigenvectors(columns):
+    """Cutting the columns a basis asks for out of eigh's ascending eigenvectors gives the very values and memory layout
+    (matmuls round by layout) of the same columns cut from the whole matrix flipped to descending order."""
+    generator = torch.Generator().manual_seed(2)
+    g = torch.randn(12, 30, generator=generator)
+    _, ascending = torch.linalg.eigh(g @ g.T)
+    expected = ascending.flip(-1)[:, columns].clone()
+    cut = spectrum_module.descending_columns(ascending, columns)
+    assert torch.equal(cut, expected) and cut.stride() == expected.stride()
+    assert cut.untyped_storage().data_ptr() != ascending.untyped_storage().data_ptr()  # a copy, not a view
+
+
+def test_descending_columns_refuses_a_strided_slice():
+    with pytest.raises(ValueError, match="consecutive columns.*slice\\(0, 8, 2\\)"):
+        spectrum_module.descending_columns(torch.eye(8), slice(0, 8, 2))
