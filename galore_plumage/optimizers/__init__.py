@@ -195,17 +195,19 @@ def check_optimizer_options(name: str, projector: str | None, options: dict, whe
         check_options({key: value}, spec.backend, projector_spec(projector or spec.projector).cls, prefix)
 
 
-def _check_regular_lr(regular_lr: float | None, name: str, low_rank: bool) -> None:
-    """Refuse a regular-group lr that is not a positive finite number, or one given to a full-rank optimizer (whose
-    every weight is in the regular group, so --lr already is that lr)."""
+def check_regular_lr(regular_lr: float | None, name: str, where: str = "--regular_lr {value}: ") -> None:
+    """Refuse a regular-group lr that is not a positive finite number, or one given to a full-rank optimizer `name`
+    (whose every weight is in the regular group, so its lr already is that lr). Command lines call it while checking
+    their flags; `where` prefixes each message (formatted with the value), as in check_optimizer_options."""
     if regular_lr is None:
         return
-    if not low_rank:
-        raise ValueError(f"regular_lr={regular_lr!r} sets the lr of the weights a low-rank optimizer does not project, "
-                         f"but optimizer {name!r} projects none; give its lr as lr instead")
+    prefix = where.format(value=regular_lr)
+    if optimizer_spec(name).projector is None:
+        raise ValueError(f"{prefix}regular_lr={regular_lr!r} sets the lr of the weights a low-rank optimizer does not "
+                         f"project, but optimizer {name!r} projects none; give its lr as lr instead")
     if not (isinstance(regular_lr, (int, float)) and math.isfinite(regular_lr) and regular_lr > 0):
-        raise ValueError(f"regular_lr={regular_lr!r}: expected a positive finite number (the peak lr of the embeddings, "
-                         "norms and head), or leave it out to use lr")
+        raise ValueError(f"{prefix}regular_lr={regular_lr!r}: expected a positive finite number (the peak lr of the "
+                         "embeddings, norms and head), or leave it out to use lr")
 
 
 def build_optimizer(
@@ -249,7 +251,7 @@ def build_optimizer(
     scale = _first_given(scale, settings.get("scale"), family_scale(spec))
     lr = _first_given(lr, chosen.lr if chosen else None, RECOMMENDED_LR.get((spec.family, spec.backend)))
     check_optimizer_options(name, projector, options, where="")
-    _check_regular_lr(regular_lr, name, spec.projector is not None)
+    check_regular_lr(regular_lr, name, where="")
     routes = route_parameters(model, target_modules, projector)
     params = dict(model.named_parameters())
     regular = [params[r.name] for r in routes if not r.low_rank]
@@ -307,6 +309,7 @@ __all__ = [
     "Update",
     "build_optimizer",
     "check_optimizer_options",
+    "check_regular_lr",
     "recommended_lr",
     "OPTIONS",
     "SAMPLED_STEPS",

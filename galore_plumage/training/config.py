@@ -26,6 +26,7 @@ from ..optimizers import (
     LayerwiseOptimizer,
     PlumageAdamW,
     check_optimizer_options,
+    check_regular_lr,
     list_optimizers,
     optimizer_spec,
     recommended_lr,
@@ -246,8 +247,6 @@ def _check_numbers(c: TrainConfig) -> None:
     for name in ("lr", "weight_decay", "grad_clipping", "warmup_steps", "workers"):
         if getattr(c, name) < 0:
             raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
-    if c.regular_lr is not None and c.regular_lr <= 0:
-        raise ValueError(f"--regular_lr must be > 0, got {c.regular_lr}; leave it out to use --lr")
     if not 0.0 <= c.min_lr_ratio <= 1.0:
         raise ValueError(f"--min_lr_ratio must be in [0, 1], got {c.min_lr_ratio}")
     if not 0.0 <= c.beta1 < 1.0:
@@ -262,9 +261,7 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
     spec = optimizer_spec(c.optimizer)
     per_layer = spec.per_layer
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)  # before any file is written
-    if c.regular_lr is not None and spec.projector is None:
-        raise ValueError(f"--regular_lr {c.regular_lr} sets the lr of the weights a low-rank optimizer does not project, "
-                         f"but --optimizer {c.optimizer} projects none: give its lr as --lr and drop --regular_lr")
+    check_regular_lr(c.regular_lr, c.optimizer)
     if c.fsdp and c.single_gpu:
         raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
                          "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")

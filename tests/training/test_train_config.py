@@ -246,9 +246,10 @@ def test_proj_quant_is_refused():
     (["--optimizer", "plumage_adamw", "--projector", "random", "--max_inv_p", "3"], r"projector 'random' does not"),
     (["--optimizer", "plumage_adamw", "--max_inv_p", "0.5"], r"--max_inv_p 0.5: max_inv_p must be a number >= 1"),
     (["--regular_lr", "inf"], "--regular_lr must be a finite number, got inf"),
-    (["--regular_lr", "0"], r"--regular_lr must be > 0, got 0.0; leave it out to use --lr"),
-    (["--optimizer", "adamw", "--regular_lr", "1e-3"], r"--regular_lr 0.001 .* --optimizer adamw projects none: give "
-                                                        r"its lr as --lr"),
+    (["--regular_lr", "0"], r"--regular_lr 0.0: regular_lr=0.0: expected a positive finite number"),
+    (["--regular_lr=-1e-3"], r"--regular_lr -0.001: regular_lr=-0.001: expected a positive finite number"),
+    (["--optimizer", "adamw", "--regular_lr", "1e-3"], r"--regular_lr 0.001: .* optimizer 'adamw' projects none; give "
+                                                        r"its lr as lr"),
 ])
 def test_out_of_range_values_name_the_flag(argv, message):
     with pytest.raises(ValueError, match=message):
