@@ -125,13 +125,19 @@ def eigh_gram(gram: torch.Tensor, dtype: torch.dtype, noise_floor: bool = False)
 def _eigh_singular(eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, gram_dtype: torch.dtype, dtype: torch.dtype,
                    noise_floor: bool) -> Singular:
     """One matrix's eigh output (ascending) as a Singular: σ = √λ descending, in `dtype`, and factors cut from the
-    eigenvectors in descending order (descending_columns), cast to `dtype` once cut."""
+    eigenvectors in descending order (descending_columns).
+
+    The eigenvectors are held in `dtype` until cut: a float64 Gram's (solver "gram64") are cast at once, so a
+    decomposition that waits for its refresh (refresh_batch > 1 prepares a whole batch first) holds n² floats of the
+    gradient's dtype, not n² doubles and the batch's whole float64 stack. Casting before the cut or after it gives the
+    same values."""
     eigenvalues = eigenvalues.flip(-1)
     if noise_floor:
         floor = eigenvalues.shape[-1] * torch.finfo(gram_dtype).eps * eigenvalues[..., :1].clamp_min(0)
         eigenvalues = torch.where(eigenvalues < floor, torch.zeros_like(eigenvalues), eigenvalues)
     sigma = eigenvalues.clamp_min(0).sqrt().to(dtype)
-    return Singular(sigma, lambda mode, columns: descending_columns(eigenvectors, columns).to(dtype))
+    held = eigenvectors.to(dtype)  # no copy when eigh ran in `dtype`
+    return Singular(sigma, lambda mode, columns: descending_columns(held, columns))
 
 
 def descending_columns(ascending: torch.Tensor, columns: torch.Tensor | slice) -> torch.Tensor:

@@ -8,6 +8,9 @@ same eigh builds a basis from a Gram matrix alone (Projector.refresh_from_gram),
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -227,3 +230,34 @@ def test_descending_columns_are_a_cut_of_the_flipped_eigenvectors(columns):
 def test_descending_columns_refuses_a_strided_slice():
     with pytest.raises(ValueError, match="consecutive columns.*slice\\(0, 8, 2\\)"):
         spectrum_module.descending_columns(torch.eye(8), slice(0, 8, 2))
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one", "batch"])
+def test_a_gram64_decomposition_holds_its_vectors_in_the_gradients_dtype(monkeypatch, batched):
+    """solver "gram64" solves in float64; a decomposition waiting for its refresh (refresh_batch > 1 prepares a whole
+    batch) keeps n² floats of the gradient's dtype, not eigh's float64 vectors, and cuts the very values and layout a
+    cut of the float64 vectors, cast, gives."""
+    solved = []
+    eigh = torch.linalg.eigh
+
+    def recording_eigh(matrix):
+        eigenvalues, eigenvectors = eigh(matrix)
+        solved.append((eigenvectors.clone(), weakref.ref(eigenvectors)))
+        return eigenvalues, eigenvectors
+
+    monkeypatch.setattr(torch.linalg, "eigh", recording_eigh)
+    generator = torch.Generator().manual_seed(3)
+    grads = torch.randn(3, 10, 24, generator=generator)
+    if batched:
+        decompositions = spectrum_module.decompose_batch(grads, (0,), "gram64")
+        vectors = list(solved[0][0])
+    else:
+        decompositions = [decompose(grad, (0,), "gram64") for grad in grads]
+        vectors = [copy for copy, _ in solved]
+    gc.collect()
+    assert all(held() is None for _, held in solved)  # eigh's float64 output is not kept alive
+    for decomposition, float64 in zip(decompositions, vectors, strict=True):
+        for columns in (slice(0, 4), torch.tensor([5, 1])):
+            cut = decomposition.factor(0, columns)
+            expected = spectrum_module.descending_columns(float64, columns).float()
+            assert cut.dtype == torch.float32 and torch.equal(cut, expected) and cut.stride() == expected.stride()
