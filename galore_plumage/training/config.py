@@ -108,7 +108,7 @@ class TrainConfig:
                             "the best of benchmarks/pretrain_protocol.py where it was run" + _recommended_lrs() + ")")
     regular_lr: float = flag(None, "peak learning rate of the weights that are not projected (embeddings, norms, the "
                                    "head), following the same schedule; default: --lr, one lr on every group as GaLore "
-                                   "(on models deeper than 4 layers 2-3x --lr trained better: docs/results.md, session 32)")
+                                   "(on models larger than llama_tiny 2-3x --lr trained better: docs/results.md, session 32)")
     weight_decay: float = flag(0.0, "decoupled weight decay")
     beta1: float = flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
     grad_clipping: float = flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
