@@ -88,7 +88,7 @@ for _flags in METHODS.values():
         _at = _flags.index("--residual") + 2
         _flags[_at:_at] = ["--realign", "mv"]
 # ... and, like every PLUMAGE arm, PLUMAGE's projector without the floor (plumage_flags.FAMILY_PINS)
-METHODS = {label: with_family_pins("plumage_adamw", flags) if "plumage_adamw" in flags else flags
+METHODS = {label: with_family_pins("plumage_adamw", flags, pretraining=False) if "plumage_adamw" in flags else flags
            for label, flags in METHODS.items()}
 
 

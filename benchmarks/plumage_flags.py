@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from galore_plumage.optimizers import optimizer_spec
+from galore_plumage.optimizers import optimizer_spec, recommended_regular_lr_ratio
 from galore_plumage.optimizers.options import BY_KEY
 
 # the paper's estimator; an arm names each option in this order (run_cache compares recorded commands)
@@ -26,25 +26,31 @@ def plumage_flags(**options) -> list[str]:
 
 
 # What plumage_* used before session 17 made the Adam ones' default the top-r basis with the floor (projector svd,
-# v_floor m2), and before session 20 made their refresh the eigh of the Gram (solver gram): a benchmark names it on
-# every plumage_* arm (with_family_pins), and a run recorded without these flags ran with these values (run_cache reads
-# this table to reuse it).
-FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none", "--solver": "svd"}
+# v_floor m2), before session 20 made their refresh the eigh of the Gram (solver gram), and before session 33 gave
+# plumage_adamw's regular group 2x its lr in pretraining (regular_lr_ratio 2): a benchmark names it on every plumage_*
+# arm (with_family_pins), and a run recorded without these flags ran with these values (run_cache reads this table to
+# reuse it).
+FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none", "--solver": "svd", "--regular_lr_ratio": "1"}
 
 
-def family_pins(optimizer: str) -> list[str]:
-    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor, refreshed by SVD ([] for other
-    names); --v_floor only where the options table lets the backend take it (the others refuse the flag)."""
+def family_pins(optimizer: str, pretraining: bool = True) -> list[str]:
+    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor, refreshed by SVD, at one lr ([] for
+    other names); --v_floor only where the options table lets the backend take it (the others refuse the flag), the
+    ratio only for torchrun_main.py (`pretraining`; run_glue.py has one lr) and where the name's default is not 1."""
     spec = optimizer_spec(optimizer)
     if spec.family != "plumage":
         return []
     floors = BY_KEY["v_floor"].applies(spec.backend, None) is None
+    one_lr = pretraining and recommended_regular_lr_ratio(spec) != 1
     return (["--projector", FAMILY_PINS["--projector"]] + (["--v_floor", FAMILY_PINS["--v_floor"]] if floors else [])
-            + ["--solver", FAMILY_PINS["--solver"]])
+            + ["--solver", FAMILY_PINS["--solver"]]
+            + (["--regular_lr_ratio", FAMILY_PINS["--regular_lr_ratio"]] if one_lr else []))
 
 
-def with_family_pins(optimizer: str, flags: list[str]) -> list[str]:
-    """`flags` with family_pins appended for each pinned flag the arm does not name itself."""
-    pins = family_pins(optimizer)
-    extra = [item for flag, value in zip(pins[::2], pins[1::2], strict=True) if flag not in flags for item in (flag, value)]
+def with_family_pins(optimizer: str, flags: list[str], pretraining: bool = True) -> list[str]:
+    """`flags` with family_pins appended for each pinned flag the arm does not name itself (an arm that gives
+    --regular_lr sets its regular group's lr, and takes no ratio)."""
+    pins = family_pins(optimizer, pretraining)
+    named = set(flags) | ({"--regular_lr_ratio"} if "--regular_lr" in flags else set())
+    extra = [item for flag, value in zip(pins[::2], pins[1::2], strict=True) if flag not in named for item in (flag, value)]
     return [*flags, *extra]

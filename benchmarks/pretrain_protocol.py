@@ -224,6 +224,11 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"galore_recipe_vfloor_gram{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", "m2", "--solver",
                                                                  "gram", *gap], (1.4e-2, 1e-2))
        for gap_name, gap in GAPS},
+    # ... with the regular group (embeddings, norms, head) at 2x the arm's lr: plumage_adamw's default in pretraining since
+    # session 33 (--regular_lr_ratio 2; the regular group's own lr paid on every shape larger than llama_tiny, session 32)
+    **{f"galore_recipe_vfloor_gram_ratio2{gap_name}": ("galore_adamw", [
+        "--galore_scale", "0.25", "--v_floor", "m2", "--solver", "gram", "--regular_lr_ratio", "2", *gap], (1e-2, 7e-3, 1.4e-2))
+       for gap_name, gap in GAPS},
     # ... and with the default's complement (Fira's, a quarter step, steady limiter, cap 0.5, first 10 updates after a
     # refresh): with the floor on both sides, the default differs from this arm only by PLUMAGE's draws
     **{f"galore_recipe_vfloor_h10{gap_name}": ("galore_adamw", [

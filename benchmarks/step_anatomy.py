@@ -29,7 +29,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from plumage_flags import plumage_flags  # noqa: E402 - benchmarks/ is on sys.path when this file runs
+from plumage_flags import plumage_flags, with_family_pins  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
 from galore_plumage.training.config import parse_config  # noqa: E402
 from galore_plumage.training.data import Batches  # noqa: E402
@@ -40,12 +40,13 @@ from galore_plumage.training.schedule import build_scheduler  # noqa: E402
 
 # every PLUMAGE arm at the paper's scale and with each option named, so the arms do not move with the defaults
 PAPER_SCALE = ["--galore_scale", "1.0"]
+PLUMAGE = ["--optimizer", "plumage_adamw"]
 ARMS = {  # label -> torchrun_main.py optimizer flags
     "galore": ["--optimizer", "galore_adamw", "--galore_scale", "1.0"],
-    "paper": ["--optimizer", "plumage_adamw", *PAPER_SCALE, *plumage_flags()],
-    "cap3": ["--optimizer", "plumage_adamw", *PAPER_SCALE, *plumage_flags(max_inv_p=3)],
-    "norm_matched": ["--optimizer", "plumage_adamw", *PAPER_SCALE, *plumage_flags(sampled_step="norm_matched")],
-    "row_bias": ["--optimizer", "plumage_adamw", *PAPER_SCALE, *plumage_flags(row_bias_correction=True)],
+    "paper": [*PLUMAGE, *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags()])],
+    "cap3": [*PLUMAGE, *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags(max_inv_p=3)])],
+    "norm_matched": [*PLUMAGE, *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags(sampled_step="norm_matched")])],
+    "row_bias": [*PLUMAGE, *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags(row_bias_correction=True)])],
 }
 BLOW_UP = 5.0  # a step this many times the weight's own median step
 

@@ -23,7 +23,7 @@ RECIPES = {
     # the paper's estimator by its flags (plumage_adamw's own default is GaLore's basis with v_floor since session 17)
     "plumage_adamw": ["--lr", "1e-3", "--galore_scale", "1.0", "--projector", "plumage", "--sampled_step", "adaptive",
                       "--max_inv_p", "none", "--resample_every", "0", "--residual", "none", "--realign", "mv",
-                      "--v_floor", "none"],
+                      "--v_floor", "none", "--regular_lr_ratio", "1"],
 }
 
 

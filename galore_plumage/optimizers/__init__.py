@@ -117,6 +117,21 @@ def recommended_lr(spec: OptimizerSpec, preset: str | None = None) -> float:
     return RECOMMENDED_LR.get((spec.family, spec.backend), DEFAULT_LR)
 
 
+# The regular group's (embeddings, norms, head) peak lr as a multiple of `lr` when torchrun_main.py pretrains: the
+# protocol's best for plumage_adamw on every shape larger than llama_tiny and level on llama_tiny (docs/results.md §3,
+# sessions 32-33). One lr (1) for every other name, as galore-torch; the Python API (build_optimizer, the classes, the
+# HF Trainer) keeps one lr too unless regular_lr is given: the ratio was measured in pretraining only.
+PRETRAIN_REGULAR_LR_RATIO: dict[tuple[str, str], float] = {("plumage", "adamw"): 2.0}
+
+
+def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None) -> float:
+    """The regular group's lr over `lr` that torchrun_main.py uses for a name (under `preset`) when neither
+    --regular_lr nor --regular_lr_ratio is given; a preset keeps one lr, as every preset was measured."""
+    if preset is not None:
+        return 1.0
+    return PRETRAIN_REGULAR_LR_RATIO.get((spec.family, spec.backend), 1.0)
+
+
 def family_scale(spec: OptimizerSpec) -> float:
     """The projected-back scale of a name: GaLore's recipe 0.25 for galore_*, the class's for plumage_*."""
     if spec.family == "galore":
@@ -290,6 +305,7 @@ __all__ = [
     "PLUMAGE_SAMPLED",
     "PRESETS",
     "PRESET_FLAG_HELP",
+    "PRETRAIN_REGULAR_LR_RATIO",
     "RECOMMENDED_LR",
     "REALIGN_FLAG_HELP",
     "RULES",
@@ -311,6 +327,7 @@ __all__ = [
     "check_optimizer_options",
     "check_regular_lr",
     "recommended_lr",
+    "recommended_regular_lr_ratio",
     "OPTIONS",
     "SAMPLED_STEPS",
     "describe_routing",

@@ -20,6 +20,7 @@ from ..optimizers import (
     OPTIONS,
     PRESET_FLAG_HELP,
     PRESETS,
+    PRETRAIN_REGULAR_LR_RATIO,
     REALIGN_FLAG_HELP,
     RECOMMENDED_LR,
     RULES,
@@ -30,6 +31,7 @@ from ..optimizers import (
     list_optimizers,
     optimizer_spec,
     recommended_lr,
+    recommended_regular_lr_ratio,
 )
 from ..optimizers.options import BY_KEY
 from ..projectors import list_projectors
@@ -58,6 +60,11 @@ BATCH_LAYOUT = frozenset({"world_size", "batch_size", "gradient_accumulation"})
 def _recommended_lrs() -> str:
     named = [f"{family}_{backend}: {lr:g}" for (family, backend), lr in RECOMMENDED_LR.items()]
     return (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
+
+
+def _regular_lr_ratios() -> str:
+    named = [f"{family}_{backend}: {ratio:g}" for (family, backend), ratio in PRETRAIN_REGULAR_LR_RATIO.items()]
+    return " (" + ", ".join(named) + "; 1, one lr on every group as GaLore, otherwise and under --preset)"
 
 
 def flag(default, help: str, **argparse_options):
@@ -107,8 +114,10 @@ class TrainConfig:
     lr: float = flag(None, "peak learning rate; default: the optimizer's recommended lr (optimizers.recommended_lr: "
                             "the best of benchmarks/pretrain_protocol.py where it was run" + _recommended_lrs() + ")")
     regular_lr: float = flag(None, "peak learning rate of the weights that are not projected (embeddings, norms, the "
-                                   "head), following the same schedule; default: --lr, one lr on every group as GaLore "
-                                   "(on models larger than llama_tiny 2-3x --lr trained better: docs/results.md, session 32)")
+                                   "head), following the same schedule; default: --regular_lr_ratio x --lr")
+    regular_lr_ratio: float = flag(None, "the regular group's peak lr as a multiple of --lr, when --regular_lr is not "
+                                         "given; default: the optimizer's" + _regular_lr_ratios() + " (docs/results.md "
+                                         "§3, sessions 32-33)")
     weight_decay: float = flag(0.0, "decoupled weight decay")
     beta1: float = flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
     grad_clipping: float = flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
@@ -218,6 +227,11 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         c.lr = recommended_lr(optimizer_spec(c.optimizer), c.preset)
     _check_numbers(c)
     _check_combinations(c, world_size)
+    if c.regular_lr is None:
+        spec = optimizer_spec(c.optimizer)
+        ratio = c.regular_lr_ratio if c.regular_lr_ratio is not None else recommended_regular_lr_ratio(spec, c.preset)
+        if ratio != 1 and c.lr > 0:  # one lr stays None: build_optimizer's single lr, as GaLore's script
+            c.regular_lr = ratio * c.lr
     _derive_batch(c, world_size)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
@@ -241,7 +255,8 @@ def _check_numbers(c: TrainConfig) -> None:
                  "update_proj_gap", "eval_tokens", "vocab_size"):
         if getattr(c, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
-    for name in ("lr", "regular_lr", "weight_decay", "grad_clipping", "min_lr_ratio", "beta1", "galore_scale"):
+    for name in ("lr", "regular_lr", "regular_lr_ratio", "weight_decay", "grad_clipping", "min_lr_ratio", "beta1",
+                 "galore_scale"):
         value = getattr(c, name)
         if value is not None and not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -263,6 +278,16 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
     per_layer = spec.per_layer
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)  # before any file is written
     check_regular_lr(c.regular_lr, c.optimizer)
+    if c.regular_lr_ratio is not None:
+        if c.regular_lr is not None:
+            raise ValueError(f"--regular_lr {c.regular_lr:g} and --regular_lr_ratio {c.regular_lr_ratio:g} both set the "
+                             "regular group's lr: give one")
+        if optimizer_spec(c.optimizer).projector is None:
+            raise ValueError(f"--regular_lr_ratio {c.regular_lr_ratio:g} sets the lr of the weights a low-rank optimizer "
+                             f"does not project, but --optimizer {c.optimizer} projects none; drop it")
+        if c.regular_lr_ratio <= 0:
+            raise ValueError(f"--regular_lr_ratio must be > 0 (the regular group's lr over --lr; 1 = one lr on every "
+                             f"group), got {c.regular_lr_ratio:g}")
     if c.fsdp and c.single_gpu:
         raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
                          "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")

@@ -58,6 +58,7 @@ OUR_FLAGS = {
     "stop_at": (["--stop_at", "5"], 5),
     "projection_seed": (["--projection_seed", "3"], 3),
     "regular_lr": (["--regular_lr", "3e-3"], 3e-3),
+    "regular_lr_ratio": (["--regular_lr_ratio", "3"], 3.0),
 }
 
 
@@ -250,10 +251,41 @@ def test_proj_quant_is_refused():
     (["--regular_lr=-1e-3"], r"--regular_lr -0.001: regular_lr=-0.001: expected a positive finite number"),
     (["--optimizer", "adamw", "--regular_lr", "1e-3"], r"--regular_lr 0.001: .* optimizer 'adamw' projects none; give "
                                                         r"its lr as lr"),
+    (["--regular_lr_ratio", "nan"], "--regular_lr_ratio must be a finite number, got nan"),
+    (["--regular_lr_ratio", "0"], r"--regular_lr_ratio must be > 0 \(the regular group's lr over --lr; 1 = one lr"),
+    (["--regular_lr_ratio", "2", "--regular_lr", "1e-2"], "--regular_lr 0.01 and --regular_lr_ratio 2 both set the "
+                                                           "regular group's lr: give one"),
+    (["--optimizer", "galore_adamw8bit_per_layer", "--regular_lr_ratio", "2"], None),
+    (["--optimizer", "adamw", "--regular_lr_ratio", "2"], r"--regular_lr_ratio 2 sets .* --optimizer adamw projects "
+                                                          "none; drop it"),
 ])
 def test_out_of_range_values_name_the_flag(argv, message):
+    if message is None:  # a control: the same flag on a name it applies to is accepted
+        parse_config(argv)
+        return
     with pytest.raises(ValueError, match=message):
         parse_config(argv)
+
+
+@pytest.mark.parametrize(("argv", "lr", "regular_lr"), [
+    ([], 1e-2, 2e-2),  # plumage_adamw pretrains with its regular group at 2x its lr (sessions 32-33)
+    (["--lr", "5e-3"], 5e-3, 1e-2),  # the ratio follows a given lr
+    (["--optimizer", "plumage_adamw_per_layer"], 1e-2, 2e-2),
+    (["--regular_lr_ratio", "3"], 1e-2, 3e-2),
+    (["--regular_lr_ratio", "1"], 1e-2, None),  # one lr: no group of its own, as GaLore's script
+    (["--regular_lr", "4e-3"], 1e-2, 4e-3),  # an absolute lr wins
+    (["--preset", "paper"], 1e-3, None),  # a preset keeps the one lr it was measured with
+    (["--preset", "sampled"], 1e-2, None),
+    (["--optimizer", "galore_adamw"], 1e-3, None),  # GaLore's recipe: one lr
+    (["--optimizer", "plumage_adamw8bit"], 1e-2, None),  # not measured with a ratio
+    (["--optimizer", "galore_adamw", "--regular_lr_ratio", "2", "--lr", "3e-3"], 3e-3, 6e-3),
+    (["--optimizer", "adamw"], 1e-3, None),
+])
+def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr):
+    """--regular_lr resolves to --regular_lr_ratio x --lr, the ratio defaulting per optimizer (recommended_regular_lr_ratio)."""
+    config = parse_config(argv)
+    assert config.lr == pytest.approx(lr)
+    assert config.regular_lr == (None if regular_lr is None else pytest.approx(regular_lr))
 
 
 # ----------------------------------------------------------------- defaults
