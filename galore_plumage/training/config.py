@@ -350,7 +350,9 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
     for key in sorted(saved.keys() & current.keys() - may_change - {"low_rank"}):
         if saved[key] != current[key]:
             name = "processes (WORLD_SIZE)" if key == "world_size" else key if key in derived else f"--{key}"
-            conflicts.append(f"{name} {current[key]} (the checkpoint: {saved[key]})")
+            # a run before session 33 had one lr where plumage_adamw's default now sets the regular group's
+            hint = "; one lr on every group: --regular_lr_ratio 1" if key == "regular_lr" and saved[key] is None else ""
+            conflicts.append(f"{name} {current[key]} (the checkpoint: {saved[key]}{hint})")
     saved_options, options = saved.get("low_rank", {}), current["low_rank"]
     for key in sorted(saved_options.keys() | options.keys()):
         if saved_options.get(key) != options.get(key):

@@ -344,3 +344,17 @@ def test_eval_budget_follows_the_dataset(tmp_path):
     assert parse_config(["--dataset", str(local)]).eval_tokens == 100_000
     assert parse_config(["--dataset", "allenai/c4"]).eval_tokens == 10_000_000
     assert parse_config(["--dataset", "allenai/c4", "--eval_tokens", "5000"]).eval_tokens == 5000
+
+
+def test_a_checkpoint_from_before_the_ratio_resumes_with_one_lr():
+    """A plumage_adamw run saved before --regular_lr_ratio existed had one lr (regular_lr None); resumed with today's
+    default (2x) it would be another run, so the conflict names the flag that restores it, and that flag clears it."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = asdict(parse_config(["--regular_lr_ratio", "1"]))
+    del saved["regular_lr_ratio"]  # the checkpoint predates the flag
+    (conflict,) = resume_conflicts(saved, parse_config([]))
+    assert conflict == "--regular_lr 0.02 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
+    assert resume_conflicts(saved, parse_config(["--regular_lr_ratio", "1"])) == []
