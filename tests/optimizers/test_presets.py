@@ -75,7 +75,7 @@ def test_preset_paper_on_the_command_line_is_the_protocols_paper_arm():
     """`--preset paper` trains the weights of the pretraining protocol's paper arm, which names it flag by flag, bit
     for bit. (Their groups differ only in settings of what the paper leaves out: the complement's, the pool's.)"""
     explicit = ["--galore_scale", "1.0", "--lr", "1e-3", "--projector", "plumage", "--v_floor", "none", "--solver", "svd",
-                *plumage_flags()]
+                "--regular_lr_ratio", "1", *plumage_flags()]
     common = ["--rank", "3", "--update_proj_gap", "2"]
     by_preset, by_flags = parse_config(["--preset", "paper", *common]), parse_config([*explicit, *common])
     assert by_preset.lr == by_flags.lr == 1e-3
