@@ -40,13 +40,19 @@ from galore_plumage.training.schedule import build_scheduler  # noqa: E402
 
 # every PLUMAGE arm at the paper's scale and with each option named, so the arms do not move with the defaults
 PAPER_SCALE = ["--galore_scale", "1.0"]
-PLUMAGE = ["--optimizer", "plumage_adamw"]
+
+
+def plumage_arm(**options) -> list[str]:
+    """plumage_adamw at the paper's scale with `options` changed, pinned to PLUMAGE's projector (with_family_pins)."""
+    return ["--optimizer", "plumage_adamw", *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags(**options)])]
+
+
 ARMS = {  # label -> torchrun_main.py optimizer flags
     "galore": ["--optimizer", "galore_adamw", "--galore_scale", "1.0"],
-    "paper": [*PLUMAGE, *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags()])],
-    "cap3": [*PLUMAGE, *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags(max_inv_p=3)])],
-    "norm_matched": [*PLUMAGE, *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags(sampled_step="norm_matched")])],
-    "row_bias": [*PLUMAGE, *with_family_pins("plumage_adamw", [*PAPER_SCALE, *plumage_flags(row_bias_correction=True)])],
+    "paper": plumage_arm(),
+    "cap3": plumage_arm(max_inv_p=3),
+    "norm_matched": plumage_arm(sampled_step="norm_matched"),
+    "row_bias": plumage_arm(row_bias_correction=True),
 }
 BLOW_UP = 5.0  # a step this many times the weight's own median step
 

@@ -227,11 +227,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         c.lr = recommended_lr(optimizer_spec(c.optimizer), c.preset)
     _check_numbers(c)
     _check_combinations(c, world_size)
-    if c.regular_lr is None:
-        spec = optimizer_spec(c.optimizer)
-        ratio = c.regular_lr_ratio if c.regular_lr_ratio is not None else recommended_regular_lr_ratio(spec, c.preset)
-        if ratio != 1 and c.lr > 0:  # one lr stays None: build_optimizer's single lr, as GaLore's script
-            c.regular_lr = ratio * c.lr
+    _derive_regular_lr(c)
     _derive_batch(c, world_size)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
@@ -303,6 +299,18 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
     if per_layer and world_size > 1:
         raise ValueError(f"--optimizer {c.optimizer} steps each weight inside its gradient hook, before DDP has "
                          f"all-reduced that gradient; run it on one process (--single_gpu), not {world_size}")
+
+
+def _derive_regular_lr(c: TrainConfig) -> None:
+    """regular_lr from --regular_lr_ratio (or the optimizer's recommended ratio) x lr, unless given; one lr stays None:
+    build_optimizer's single lr, as GaLore's script."""
+    if c.regular_lr is not None:
+        return
+    ratio = c.regular_lr_ratio
+    if ratio is None:
+        ratio = recommended_regular_lr_ratio(optimizer_spec(c.optimizer), c.preset)
+    if ratio != 1 and c.lr > 0:
+        c.regular_lr = ratio * c.lr
 
 
 def _derive_batch(c: TrainConfig, world_size: int) -> None:
