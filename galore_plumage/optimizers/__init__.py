@@ -210,6 +210,13 @@ def check_optimizer_options(name: str, projector: str | None, options: dict, whe
         check_options({key: value}, spec.backend, projector_spec(projector or spec.projector).cls, prefix)
 
 
+def _refuse_without_regular_group(name: str, what: str, fix: str) -> None:
+    """A full-rank optimizer `name` has no regular group of its own: every weight is in it and takes its lr."""
+    if optimizer_spec(name).projector is None:
+        raise ValueError(f"{what} sets the lr of the weights a low-rank optimizer does not project, but optimizer "
+                         f"{name!r} projects none; {fix}")
+
+
 def check_regular_lr(regular_lr: float | None, name: str, where: str = "--regular_lr {value}: ") -> None:
     """Refuse a regular-group lr that is not a positive finite number, or one given to a full-rank optimizer `name`
     (whose every weight is in the regular group, so its lr already is that lr). Command lines call it while checking
@@ -217,12 +224,21 @@ def check_regular_lr(regular_lr: float | None, name: str, where: str = "--regula
     if regular_lr is None:
         return
     prefix = where.format(value=regular_lr)
-    if optimizer_spec(name).projector is None:
-        raise ValueError(f"{prefix}regular_lr={regular_lr!r} sets the lr of the weights a low-rank optimizer does not "
-                         f"project, but optimizer {name!r} projects none; give its lr as lr instead")
+    _refuse_without_regular_group(name, f"{prefix}regular_lr={regular_lr!r}", "give its lr as lr instead")
     if not (isinstance(regular_lr, (int, float)) and math.isfinite(regular_lr) and regular_lr > 0):
         raise ValueError(f"{prefix}regular_lr={regular_lr!r}: expected a positive finite number (the peak lr of the "
                          "embeddings, norms and head), or leave it out to use lr")
+
+
+def check_regular_lr_ratio(ratio: float | None, name: str) -> None:
+    """Refuse --regular_lr_ratio (the regular group's lr over lr) where it is not a positive finite number, or where
+    optimizer `name` is full-rank, as check_regular_lr refuses an absolute one."""
+    if ratio is None:
+        return
+    _refuse_without_regular_group(name, f"--regular_lr_ratio {ratio:g}", "drop it")
+    if not (math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"--regular_lr_ratio must be a positive finite number (the regular group's lr over --lr; "
+                         f"1 = one lr on every group), got {ratio:g}")
 
 
 def build_optimizer(
@@ -326,6 +342,7 @@ __all__ = [
     "build_optimizer",
     "check_optimizer_options",
     "check_regular_lr",
+    "check_regular_lr_ratio",
     "recommended_lr",
     "recommended_regular_lr_ratio",
     "OPTIONS",

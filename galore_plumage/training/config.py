@@ -28,6 +28,7 @@ from ..optimizers import (
     PlumageAdamW,
     check_optimizer_options,
     check_regular_lr,
+    check_regular_lr_ratio,
     list_optimizers,
     optimizer_spec,
     recommended_lr,
@@ -274,16 +275,10 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
     per_layer = spec.per_layer
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)  # before any file is written
     check_regular_lr(c.regular_lr, c.optimizer)
-    if c.regular_lr_ratio is not None:
-        if c.regular_lr is not None:
-            raise ValueError(f"--regular_lr {c.regular_lr:g} and --regular_lr_ratio {c.regular_lr_ratio:g} both set the "
-                             "regular group's lr: give one")
-        if optimizer_spec(c.optimizer).projector is None:
-            raise ValueError(f"--regular_lr_ratio {c.regular_lr_ratio:g} sets the lr of the weights a low-rank optimizer "
-                             f"does not project, but --optimizer {c.optimizer} projects none; drop it")
-        if c.regular_lr_ratio <= 0:
-            raise ValueError(f"--regular_lr_ratio must be > 0 (the regular group's lr over --lr; 1 = one lr on every "
-                             f"group), got {c.regular_lr_ratio:g}")
+    check_regular_lr_ratio(c.regular_lr_ratio, c.optimizer)
+    if c.regular_lr_ratio is not None and c.regular_lr is not None:
+        raise ValueError(f"--regular_lr {c.regular_lr:g} and --regular_lr_ratio {c.regular_lr_ratio:g} both set the "
+                         "regular group's lr: give one")
     if c.fsdp and c.single_gpu:
         raise ValueError("--fsdp shards the model over the launched processes and --single_gpu asks for no wrapper: "
                          "drop one (for one process under FSDP2: torchrun --nproc_per_node 1 ... --fsdp)")

@@ -252,10 +252,11 @@ def test_proj_quant_is_refused():
     (["--optimizer", "adamw", "--regular_lr", "1e-3"], r"--regular_lr 0.001: .* optimizer 'adamw' projects none; give "
                                                         r"its lr as lr"),
     (["--regular_lr_ratio", "nan"], "--regular_lr_ratio must be a finite number, got nan"),
-    (["--regular_lr_ratio", "0"], r"--regular_lr_ratio must be > 0 \(the regular group's lr over --lr; 1 = one lr"),
+    (["--regular_lr_ratio", "0"], r"--regular_lr_ratio must be a positive finite number .*got 0"),
+    (["--regular_lr_ratio=-2"], r"--regular_lr_ratio must be a positive finite number .*got -2"),
     (["--regular_lr_ratio", "2", "--regular_lr", "1e-2"], "--regular_lr 0.01 and --regular_lr_ratio 2 both set the "
                                                            "regular group's lr: give one"),
-    (["--optimizer", "adamw", "--regular_lr_ratio", "2"], r"--regular_lr_ratio 2 sets .* --optimizer adamw projects "
+    (["--optimizer", "adamw", "--regular_lr_ratio", "2"], r"--regular_lr_ratio 2 sets .* optimizer 'adamw' projects "
                                                           "none; drop it"),
 ])
 def test_out_of_range_values_name_the_flag(argv, message):
