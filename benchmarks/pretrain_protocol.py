@@ -276,6 +276,9 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # ... refreshed through the Gram's eigh: plumage_adamw8bit's default since session 20
     "galore8bit_recipe_vfloor_gram": ("galore_adamw8bit", ["--galore_scale", "0.25", "--v_floor", "m2", "--solver", "gram"],
                                       (1e-2,)),
+    # ... with the regular group at 2x (plumage_adamw's pretraining default since session 33): does the 8-bit default want it?
+    "galore8bit_recipe_vfloor_gram_ratio2": ("galore_adamw8bit", ["--galore_scale", "0.25", "--v_floor", "m2", "--solver",
+                                                                  "gram", "--regular_lr_ratio", "2"], (1e-2,)),
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
