@@ -23,7 +23,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from .checks import check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
-from .interval import next_interval, principal_cosine_mean
+from .interval import cosine_mean, next_interval, principal_overlap
 from .signs import aligned_signs
 from .spectrum import Singular, decompose, eigh_gram
 
@@ -343,11 +343,9 @@ class Projector:
         factors = basis.factors
         if self.align_signs:
             factors = {k: aligned_signs(f, old.get(k)) for k, f in factors.items()}
-        rho = None
-        if old:
-            # singular vectors (signed projectors' bases) are orthonormal: no QR needed to compare their spans
-            rho = sum(principal_cosine_mean(old[k], factors[k], orthonormal=self.signed) for k in factors) / max(len(factors), 1)
-        figures = _read_together(usable, rho, basis.stats)  # the refresh's one read from the device
+        # singular vectors (signed projectors' bases) are orthonormal: no QR needed to compare their spans
+        overlaps = [principal_overlap(old[k], factors[k], orthonormal=self.signed) for k in factors] if old else []
+        figures = _read_together(usable, overlaps, basis.stats)  # the refresh's one read from the device
         if usable is not None and not figures.pop("usable"):
             self.stats["skipped_refreshes"] += 1
             return False
@@ -687,16 +685,28 @@ def gradient_usable(grad: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(extremes).all() & extremes.ne(0).any()
 
 
-def _read_together(usable: torch.Tensor | None, rho: torch.Tensor | None, stats: dict) -> dict:
-    """The refresh's figures as Python numbers, tensors among them read from the device in one transfer: `usable`
-    (as "usable"), ρ (as "rho") and the basis's stats that are 0-d tensors (the others pass through)."""
-    pending = {key: value for key, value in (("usable", usable), ("rho", rho)) if value is not None}
+def _read_together(usable: torch.Tensor | None, overlaps: list[torch.Tensor], stats: dict) -> dict:
+    """The refresh's figures as Python numbers, read from the device in one transfer: `usable` (as "usable"), the
+    basis's stats that are 0-d tensors (the others pass through), and ρ (as "rho", where there are `overlaps`): the
+    mean over projected modes of each overlap matrix's principal cosines, taken on the host from the matrices read."""
+    pending = {"usable": usable} if usable is not None else {}
     pending.update((key, value) for key, value in stats.items() if isinstance(value, torch.Tensor))
     figures = {key: value for key, value in stats.items() if not isinstance(value, torch.Tensor)}
-    if pending:
-        device = next(iter(pending.values())).device
-        values = torch.stack([value.to(device=device, dtype=torch.float64) for value in pending.values()]).tolist()
-        figures.update(zip(pending, values, strict=True))
+    parts = [*pending.values(), *overlaps]
+    if parts:
+        device = parts[0].device
+        read = torch.cat([part.to(device=device, dtype=torch.float64).flatten() for part in parts]).cpu()  # the wait
+        values, offset = [read[: len(pending)]], len(pending)
+        if overlaps:  # on the host: an SVD on a GPU would wait for its error check
+            cosines = []
+            for overlap in overlaps:
+                cosines.append(cosine_mean(read[offset : offset + overlap.numel()].view(overlap.shape)))
+                offset += overlap.numel()
+            values.append(torch.stack(cosines).mean().reshape(1))
+        numbers = torch.cat(values).tolist()
+        figures.update(zip(pending, numbers, strict=False))
+        if overlaps:
+            figures["rho"] = numbers[-1]
     if "usable" in figures:
         figures["usable"] = bool(figures["usable"])
     return figures

@@ -24,13 +24,20 @@ def mean_principal_cosine(old: torch.Tensor, new: torch.Tensor, max_columns: int
 
 def principal_cosine_mean(old: torch.Tensor, new: torch.Tensor, max_columns: int = MAX_OVERLAP_COLUMNS,
                           orthonormal: bool = False) -> torch.Tensor:
-    """mean_principal_cosine as a float64 0-d tensor on the bases' device: computed without reading it back, so a
-    refresh reads it together with its other figures (one host synchronisation).
+    """mean_principal_cosine as a float64 0-d tensor on the bases' device (cosine_mean of principal_overlap)."""
+    return cosine_mean(principal_overlap(old, new, max_columns, orthonormal))
 
-    The cosines are the singular values of Q_oldᵀ Q_new for orthonormal Q; the QR makes this also right
-    for bases that are not orthonormal (FLORA's Gaussian ones). orthonormal=True: both bases' columns are orthonormal
-    to their dtype's rounding (singular vectors): they are Q as they are, unless one is held in a 16-bit type, whose
-    rounding (~4e-3) would show in the cosines. The two QRs were 4 % of a 130M layer's refresh on a CPU.
+
+def principal_overlap(old: torch.Tensor, new: torch.Tensor, max_columns: int = MAX_OVERLAP_COLUMNS,
+                      orthonormal: bool = False) -> torch.Tensor:
+    """Q_oldᵀ Q_new (c × c, float64, on the bases' device), whose singular values are the cosines of the principal
+    angles: a refresh reads it from the device with its other figures and takes cosine_mean on the host, because an SVD
+    on CUDA synchronises for its error check (one host synchronisation per refresh instead of two, issue 15).
+
+    The QR makes this right also for bases that are not orthonormal (FLORA's Gaussian ones). orthonormal=True: both
+    bases' columns are orthonormal to their dtype's rounding (singular vectors): they are Q as they are, unless one is
+    held in a 16-bit type, whose rounding (~4e-3) would show in the cosines. The two QRs were 4 % of a 130M layer's
+    refresh on a CPU.
     """
     if old.dim() != 2 or new.dim() != 2 or old.shape[0] != new.shape[0]:
         raise ValueError(f"bases must be 2-D with equal row counts, got {tuple(old.shape)} and {tuple(new.shape)}")
@@ -40,7 +47,12 @@ def principal_cosine_mean(old: torch.Tensor, new: torch.Tensor, max_columns: int
         q_old, q_new = torch.linalg.qr(q_old).Q, torch.linalg.qr(q_new).Q
     # a basis from a non-finite gradient (an eigh of its Gram returns NaN where an SVD fails) is rejected with this
     # figure, read together with the check (checks_after): svdvals, which raises on NaN, must not stop the refresh first
-    return torch.linalg.svdvals(torch.nan_to_num(q_old.T @ q_new, nan=0.0)).clamp(max=1.0).mean()
+    return torch.nan_to_num(q_old.T @ q_new, nan=0.0)
+
+
+def cosine_mean(overlap: torch.Tensor) -> torch.Tensor:
+    """The mean of an overlap matrix's singular values (principal cosines, clamped to 1 against rounding)."""
+    return torch.linalg.svdvals(overlap).clamp(max=1.0).mean()
 
 
 def next_interval(rho: float, tau: int, tau_min: int, tau_max: int) -> int:
