@@ -600,7 +600,9 @@ class Projector:
             self.factors = self._regenerate(getattr(torch, state["dtype"]), torch.device(device))
         self.inv_p = state.get("inv_p")
         pool = state.get("pool")
-        self.pool = Pool(pool["vectors"], pool["p"], pool.get("order")) if pool is not None else None
+        # the draws are made on the host (p and order on the CPU, as a refresh makes them), whichever device the
+        # optimizer moved the state's tensors to (its load_state_dict puts every one on the weight's)
+        self.pool = (Pool(pool["vectors"], pool["p"].cpu(), _on_cpu(pool.get("order"))) if pool is not None else None)
         if self.pool is not None:
             self._share_pool_storage()
         self.draws, self.next_resample = (pool["draws"], pool["next_resample"]) if pool is not None else (0, 0)
@@ -710,6 +712,10 @@ def _read_together(usable: torch.Tensor | None, overlaps: list[torch.Tensor], st
     if "usable" in figures:
         figures["usable"] = bool(figures["usable"])
     return figures
+
+
+def _on_cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return tensor.cpu() if tensor is not None else None
 
 
 def compute_dtype(grad: torch.Tensor) -> torch.dtype:
