@@ -42,9 +42,9 @@ class PlumageProjector(Projector):
             return "gram"
         # the paper's p read the whole spectrum, whose tail float32 squaring loses. In float64 the Gram keeps it (p to
         # 1e-4 down to σ = 1e-6 σ₁, tests/projectors/test_solver_accuracy.py), in 0.59-0.68x an SVD's time on a CPU
-        # (docs/step_time.md); a GPU runs float64 at 1/2 to 1/64 of float32's speed depending on the model, unmeasured
-        # here, so there the SVD
-        return "gram64" if device.type == "cpu" else "svd"
+        # (docs/step_time.md) and 0.25x (350M layer) to 0.32x (130M) on an H200 (docs/step_time_cuda.md, session 35;
+        # a GPU whose float64 runs at 1/64 of float32's speed is unmeasured)
+        return "gram64"
 
     def _basis_from_spectrum(self, decomposition, ranks, generator):
         ((mode, rank),) = ranks.items()
