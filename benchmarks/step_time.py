@@ -24,8 +24,9 @@ step a draw from the pool of the top 2r vectors, the moments carried to it; PLUM
 default); "plumage_adamw default" is what plumage_adamw(8bit) runs with no options since session 17 (PLUMAGE_ADAM_RECIPE:
 GaLore's top-r basis, v_floor m2, scale 0.25; refreshed through the Gram's eigh, solver "auto", since session 20),
 "+ foreach" the same with its steady updates taken together (the moments of the seven weights advanced in
-torch._foreach calls), "+ compile_update" the same with each weight's moment update one torch.compile'd kernel
-(compiled in the warm-up steps). One that cannot be built or stepped here is reported n/a with the reason.
+torch._foreach calls), "one by one" with them stepped weight by weight (foreach auto, the default since session 35,
+is the first on a GPU and the second on a CPU), "+ compile_update" the same with each weight's moment update one
+torch.compile'd kernel (compiled in the warm-up steps). One that cannot be built or stepped here is reported n/a with the reason.
 
 How. Each optimizer gets its own copy of the weights; the gradients are shared (no optimizer writes to
 them). Repetitions are interleaved (for each rep, every optimizer steps once) so drift hits all alike,
@@ -163,7 +164,7 @@ def ours_build(backend: str, projector: str, solver: str | None, default: bool =
 
 def plumage_adam_default_build(backend: str, **options) -> Build:
     """plumage_adamw(8bit) as it runs with no options (the group keys of PLUMAGE_ADAM_RECIPE; its lr aside: OPTIONS'),
-    with `options` on top (foreach=True)."""
+    with `options` on top (foreach=True, say)."""
     recipe = {key: value for key, value in PLUMAGE_ADAM_RECIPE.items() if key not in ("lr", "scale")} | options
 
     def build(params, rank, gap):
@@ -199,11 +200,14 @@ def candidates() -> list[Candidate]:
             label = f"ours {projector}" + (f" ({solver})" if solver else "") + f" / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, projector, solver)))
         if backend in ("adamw", "adamw8bit"):
-            label = f"ours plumage_{backend} default (svd basis, solver auto = gram, v_floor m2) / {backend}"
+            auto = ", foreach auto" if backend == "adamw" else ""
+            label = f"ours plumage_{backend} default (svd basis, solver auto = gram, v_floor m2{auto}) / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend)))
-        if backend == "adamw":  # its steady updates taken together (_foreach calls): the option exists for AdamW
+        if backend == "adamw":  # its steady updates taken together (_foreach calls) or not: auto is one of the two
             label = f"ours plumage_{backend} default + foreach / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=True)))
+            label = f"ours plumage_{backend} default, one by one (foreach off) / {backend}"
+            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=False)))
             label = f"ours plumage_{backend} default + compile_update / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, compile_update=True)))
         for solver in ("svd", "gram"):

@@ -144,6 +144,14 @@ def _needs_orthonormal_basis(backend: str, projector_cls) -> str | None:
     return why_no_complement(projector_cls)
 
 
+def _check_optional_bool(key: str) -> Callable[[Any], None]:
+    """The check of an option that is True, False or None (None: chosen by the optimizer where it runs)."""
+    def check(value):
+        if value is not None:
+            check_bool(key)(value)
+    return check
+
+
 def _needs_adamw(backend: str, projector_cls) -> str | None:
     return None if backend == "adamw" else f"it needs the adamw backend, not {backend!r}"
 
@@ -181,7 +189,7 @@ class Option:
         return f"{self.help} ({defaults})"
 
     def argparse_options(self) -> dict:
-        if isinstance(self.default, bool):
+        if isinstance(self.default, bool) or self.parse is bool:  # a bool, or True/False/None (None: by device)
             return {"action": argparse.BooleanOptionalAction}
         options = {"type": self.parse or str}
         if self.choices:
@@ -206,12 +214,14 @@ OPTIONS: tuple[Option, ...] = (
            "refresh falls on the same step in one batched torch.linalg call (weights held whole, refresh_ema 0): fewer, "
            "larger calls, for a GPU; the call holds a copy of those gradients; 1 = each weight on its own",
            _check_refresh_batch, (0, -2, 2.5, True, "4", None), parse=int, applies=_needs_spectrum),
-    Option("foreach", False, "adamw: take the plain steady updates of a group's low-rank weights together, their "
+    Option("foreach", None, "adamw: take the plain steady updates of a group's low-rank weights together, their "
            "moments advanced and weights decayed in a few torch._foreach calls for all of them instead of a dozen "
-           "kernels each, as torch.optim's multi-tensor Adam (for a GPU, where launches cost; the same numbers; not "
-           "in per-layer mode, on FSDP2 shards, or for an update that refreshes, draws with sampled_step "
-           "'norm_matched' or moves the complement, which step one by one)", check_bool("foreach"), ("yes", 1, None),
-           applies=_needs_adamw),
+           "kernels each, as torch.optim's multi-tensor Adam (the same numbers; not in per-layer mode, on FSDP2 shards, "
+           "or for an update that refreshes, draws with sampled_step 'norm_matched' or moves the complement, which "
+           "step one by one). None: as torch.optim, on where the weights are on a GPU (0.69-0.73x galore-torch's "
+           "steady step on an H200 against 1.04-1.10x one by one, docs/step_time_cuda.md) unless compile_update, off "
+           "on a CPU (3-6 % slower there, docs/step_time.md)", _check_optional_bool("foreach"), ("yes", 1),
+           parse=bool, applies=_needs_adamw),
     Option("compile_update", False, "adamw: fuse each weight's moment update (v_floor, M, V and Adam's direction) into "
            "one kernel with torch.compile instead of about ten (needs a C++ compiler on a CPU, Triton on a GPU; the "
            "first updates pay the compilation, seconds; the same numbers to float rounding; not with foreach or "

@@ -147,7 +147,8 @@ def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option
         torch.manual_seed(0)
         weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
         start = torch.cat([w.detach().flatten() for w in weights])
-        optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 3, option: fused,
+        # foreach off unless it is the option tested: left unset it is on on a GPU, and the eager path is the reference
+        optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 3, "foreach": False, option: fused,
                                    "align_signs": True}], weight_decay=0.1)
         generator = torch.Generator(device="cuda").manual_seed(1)
         for step in range(7):

@@ -3,6 +3,8 @@ number of elementwise kernels that does not grow with the number of weights, and
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -10,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from galore_plumage import PlumageAdamW, build_optimizer
 from galore_plumage.optimizers import PLUMAGE_PAPER, PLUMAGE_SAMPLED, base
+from galore_plumage.optimizers.multi_tensor import foreach_on
 
 
 class Layer(nn.Module):
@@ -154,7 +157,18 @@ def test_foreach_on_another_backend_is_refused_naming_it(name):
         build_optimizer(name, Layer(), rank=6, target_modules=("square",), foreach=True)
 
 
-@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_foreach_left_unset_is_on_for_weights_on_a_gpu_unless_each_update_is_compiled():
+    """None resolves as torch.optim's foreach does: on a GPU, launches cost more than the work (docs/step_time_cuda.md);
+    on a CPU the batched calls were slower (docs/step_time.md). Only the weights' device type is read."""
+    on_gpu = [SimpleNamespace(device=torch.device("cuda"))]
+    on_cpu = Layer().matrices()
+    assert foreach_on({"foreach": None}, on_gpu) and not foreach_on({"foreach": None}, on_cpu)
+    assert not foreach_on({"foreach": None, "compile_update": True}, on_gpu)
+    assert foreach_on({"foreach": True}, on_cpu) and not foreach_on({"foreach": False}, on_gpu)
+    PlumageAdamW([{"params": on_cpu, "rank": 6, "compile_update": True}], lr=1e-2)  # unset foreach does not clash
+
+
+@pytest.mark.parametrize("bad", ["yes", 1])
 def test_a_bad_foreach_is_refused_by_name(bad):
     with pytest.raises(ValueError, match="foreach"):
         PlumageAdamW([{"params": Layer().matrices(), "rank": 6, "foreach": bad}], lr=1e-2)
