@@ -6,18 +6,21 @@
 #   bash scripts/gpu_check.sh            # on the device: run(command="bash scripts/gpu_check.sh", carry=[".whl", "data", "runs/gpu60m"])
 #
 # Settings (environment): TRAIN (the protocol's arms and lrs), TRAIN_END (s; the timings start then), END (s; the
-# last part ends by then), SIZES / SIZES2 (step_time), MODEL_SIZES / MODEL_SIZES_7B (model_refresh), and for a dry run
-# on a CPU DEV=cpu with a tiny MODEL, STEPS, BATCH, LEN, EVERY, EVAL_TOKENS, GAP, PROJ_RANK and MB (corpus MB).
+# last part ends by then), SIZES (step_time's, space-separated), MODEL_SIZES / MODEL_SIZES_7B (model_refresh), and for
+# a dry run on a CPU DEV=cpu with a tiny MODEL, STEPS, BATCH, LEN, EVERY, EVAL_TOKENS, GAP, PROJ_RANK and MB (corpus
+# MB).
 # The variables are deliberately not named RANK or WORLD_SIZE: exported, those make torchrun_main.py a rank of a
 # process group (a dry run with RANK=4 wrote no metrics).
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
 export PYTHONPATH=$PWD/.whl/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:?set by the device tool}
-END=${END:-545}; TRAIN_END=${TRAIN_END:-300}; DEV=${DEV:-cuda}
+END=${END:-545}; TRAIN_END=${TRAIN_END:-330}; DEV=${DEV:-cuda}
 MODEL=${MODEL:-configs/llama_60m.json}; STEPS=${STEPS:-1000}; BATCH=${BATCH:-64}; LEN=${LEN:-256}; EVERY=${EVERY:-100}
 EVAL_TOKENS=${EVAL_TOKENS:-200000}; GAP=${GAP:-200}; PROJ_RANK=${PROJ_RANK:-128}; MB=${MB:-60}
-SIZES=${SIZES:-350m}; SIZES2=${SIZES2:-130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MODEL_SIZES_7B:-7b}
-TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_vfloor_gram_ratio2,galore_recipe_gram_ratio2 --pin_lr galore_recipe=1e-2,galore_recipe_vfloor_gram_ratio2=1e-2,galore_recipe_gram_ratio2=1e-2 --seeds 0,1,2 --jobs 3}
+SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MODEL_SIZES_7B:-7b}
+# session 36's question: GaLore's recipe and the default (session 35's runs, reused) against the default with the floor's
+# warm-up over 200 updates and without the floor (docs/results.md §3, "Session 35"): six new runs side by side
+TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_vfloor_gram_ratio2,galore_recipe_vfloor_h200_gram_ratio2,galore_recipe_gram_ratio2 --pin_lr galore_recipe=1e-2,galore_recipe_vfloor_gram_ratio2=1e-2,galore_recipe_vfloor_h200_gram_ratio2=1e-2,galore_recipe_gram_ratio2=1e-2 --seeds 0,1,2 --jobs 6}
 ROWS="plumage_adamw default,ours plumage (gram64),ours plumage (svd),ours svd (gram)"
 W=/tmp/gpu_check; mkdir -p $W
 log() { echo "[$SECONDS s] $*" | tee -a $W/timeline.txt; }
@@ -44,7 +47,7 @@ log "tests rc $? $(tail -1 $W/gpu_tests.log)"
 wait $training; log "training rc $?"; pack
 
 log timings
-for size in $SIZES $SIZES2; do
+for size in $SIZES; do
   timeout $(left $END 100) python3 benchmarks/step_time.py --device $DEV --sizes $size --reps 15 --refresh-reps 3 \
     --only "$ROWS" --out $W/step_time_cuda_$size.md >> $W/timings.log 2>&1; log "step_time $size rc $?"; pack
 done
