@@ -2,8 +2,8 @@
 
 A steady step reads nothing; a refresh of GaLore's top-r basis or FLORA's Gaussian one reads once (the gradient's
 check and the refresh's figures, energy captured and the overlap matrix whose singular values give ρ, in one transfer;
-that SVD then runs on the host, since on a GPU one would wait for its error check: tests/gpu counts the waits). Counted on the CPU by intercepting the
-Tensor methods that return Python values: the same calls synchronise a GPU.
+that SVD then runs on the host, since on a GPU one would wait for its error check: tests/gpu counts the waits).
+Counted on the CPU by intercepting the Tensor methods that return Python values: the same calls synchronise a GPU.
 """
 
 from __future__ import annotations
