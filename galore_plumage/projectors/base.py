@@ -698,17 +698,12 @@ def _read_together(usable: torch.Tensor | None, overlaps: list[torch.Tensor], st
     if parts:
         device = parts[0].device
         read = torch.cat([part.to(device=device, dtype=torch.float64).flatten() for part in parts]).cpu()  # the wait
-        values, offset = [read[: len(pending)]], len(pending)
-        if overlaps:  # on the host: an SVD on a GPU would wait for its error check
-            cosines = []
-            for overlap in overlaps:
-                cosines.append(cosine_mean(read[offset : offset + overlap.numel()].view(overlap.shape)))
-                offset += overlap.numel()
-            values.append(torch.stack(cosines).mean().reshape(1))
-        numbers = torch.cat(values).tolist()
-        figures.update(zip(pending, numbers, strict=False))
-        if overlaps:
-            figures["rho"] = numbers[-1]
+        scalars, *matrices = read.split([len(pending), *(overlap.numel() for overlap in overlaps)])
+        names = list(pending)
+        if overlaps:  # ρ on the host: an SVD on a GPU would wait for its error check
+            cosines = [cosine_mean(m.view(o.shape)) for m, o in zip(matrices, overlaps, strict=True)]
+            scalars, names = torch.cat([scalars, torch.stack(cosines).mean().reshape(1)]), [*names, "rho"]
+        figures.update(zip(names, scalars.tolist(), strict=True))
     if "usable" in figures:
         figures["usable"] = bool(figures["usable"])
     return figures
