@@ -290,6 +290,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # ... with the regular group at 2x (plumage_adamw's pretraining default since session 33): does the 8-bit default want it?
     "galore8bit_recipe_vfloor_gram_ratio2": ("galore_adamw8bit", ["--galore_scale", "0.25", "--v_floor", "m2", "--solver",
                                                                   "gram", "--regular_lr_ratio", "2"], (1e-2,)),
+    # ... with the floor's warm-up over 200 updates (the float32 candidate of session 35), at one lr and at 2x
+    **{f"galore8bit_recipe_vfloor_h200_gram{ratio_name}": ("galore_adamw8bit", [
+        "--galore_scale", "0.25", "--v_floor", "m2", "--v_floor_horizon", "200", "--solver", "gram", *ratio], (1e-2,))
+       for ratio_name, ratio in (("", []), ("_ratio2", ["--regular_lr_ratio", "2"]))},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
