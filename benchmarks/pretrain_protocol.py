@@ -218,7 +218,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"galore_recipe_vfloor_h{horizon}{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", "m2",
                                                                        "--v_floor_horizon", str(horizon), *gap],
                                                       (7e-3, 1e-2, 1.4e-2))
-       for horizon in (2000, 3000, 5000, 10000) for gap_name, gap in GAPS},
+       for horizon in (200, 2000, 3000, 5000, 10000) for gap_name, gap in GAPS},
     # ... refreshed through solver="gram" (float32 eigh of the smaller Gram: 0.36-0.41x galore-torch's SVD on a CPU,
     # 0.24-0.85x on an H100): issue 15's quality check before plumage_adamw's default solver became "gram"
     **{f"galore_recipe_vfloor_gram{gap_name}": ("galore_adamw", ["--galore_scale", "0.25", "--v_floor", "m2", "--solver",
