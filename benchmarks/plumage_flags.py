@@ -27,22 +27,26 @@ def plumage_flags(**options) -> list[str]:
 
 # What plumage_* used before session 17 made the Adam ones' default the top-r basis with the floor (projector svd,
 # v_floor m2), before session 20 made their refresh the eigh of the Gram (solver gram), and before session 33 gave
-# plumage_adamw's regular group 2x its lr in pretraining (regular_lr_ratio 2): a benchmark names it on every plumage_*
-# arm (with_family_pins), and a run recorded without these flags ran with these values (run_cache reads this table to
-# reuse it).
-FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none", "--solver": "svd", "--regular_lr_ratio": "1"}
+# plumage_adamw's regular group 2x its lr in pretraining (regular_lr_ratio 2), and before session 36 shortened the
+# floor's warm-up to 200 updates (v_floor_horizon 200): a benchmark names it on every plumage_* arm (with_family_pins),
+# and a run recorded without these flags ran with these values (run_cache reads this table to reuse it).
+FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none", "--v_floor_horizon": "none", "--solver": "svd",
+               "--regular_lr_ratio": "1"}
 
 
 def family_pins(optimizer: str, pretraining: bool = True) -> list[str]:
-    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor, refreshed by SVD, at one lr ([] for
-    other names); --v_floor only where the options table lets the backend take it (the others refuse the flag), the
-    ratio only for torchrun_main.py (`pretraining`; run_glue.py has one lr) and where the name's default is not 1."""
+    """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor (and m2's own warm-up where an arm
+    names the floor), refreshed by SVD, at one lr ([] for other names); --v_floor and its horizon only where the
+    options table lets the backend take them (the others refuse the flags), the ratio only for torchrun_main.py
+    (`pretraining`; run_glue.py has one lr) and where the name's default is not 1."""
     spec = optimizer_spec(optimizer)
     if spec.family != "plumage":
         return []
     floors = BY_KEY["v_floor"].applies(spec.backend, None) is None
     one_lr = pretraining and recommended_regular_lr_ratio(spec) != 1
-    return (["--projector", FAMILY_PINS["--projector"]] + (["--v_floor", FAMILY_PINS["--v_floor"]] if floors else [])
+    return (["--projector", FAMILY_PINS["--projector"]]
+            + (["--v_floor", FAMILY_PINS["--v_floor"], "--v_floor_horizon", FAMILY_PINS["--v_floor_horizon"]]
+               if floors else [])
             + ["--solver", FAMILY_PINS["--solver"]]
             + (["--regular_lr_ratio", FAMILY_PINS["--regular_lr_ratio"]] if one_lr else []))
 

@@ -132,6 +132,24 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
     return PRETRAIN_REGULAR_LR_RATIO.get((spec.family, spec.backend), 1.0)
 
 
+# The floor's warm-up (v_floor_horizon, optimizers/moment_floor.py) when torchrun_main.py pretrains: 200 updates
+# instead of m2's ~1000 for plumage_adamw, whose regular group takes 2x the lr there. Level with m2 at 8 x 64 tokens an
+# update and ahead of it at 8 x 256 and 16 x 256 (+0.05, +0.03, three seeds each), where m2 fell behind GaLore's
+# recipe as on a GPU at 64 x 256 (docs/results.md §3, sessions 35-36). The option's default stays None elsewhere: at
+# one lr (8-bit AdamW, 8 x 64 tokens) H = 200 trailed m2 by 0.037.
+PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], int] = {("plumage", "adamw"): 200}
+
+
+def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, preset: str | None = None) -> int | None:
+    """The v_floor_horizon torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) when the
+    flag is not given: the table's where the floor in effect is 'm2', else None (another floor has no warm-up to
+    shape; a preset keeps m2's own, as every preset was measured)."""
+    if preset is not None or (spec.family, spec.backend) not in PRETRAIN_V_FLOOR_HORIZON:
+        return None
+    floor = options.get("v_floor", family_defaults(spec)["v_floor"])
+    return PRETRAIN_V_FLOOR_HORIZON[(spec.family, spec.backend)] if floor == "m2" else None
+
+
 def family_scale(spec: OptimizerSpec) -> float:
     """The projected-back scale of a name: GaLore's recipe 0.25 for galore_*, the class's for plumage_*."""
     if spec.family == "galore":
@@ -322,6 +340,7 @@ __all__ = [
     "PRESETS",
     "PRESET_FLAG_HELP",
     "PRETRAIN_REGULAR_LR_RATIO",
+    "PRETRAIN_V_FLOOR_HORIZON",
     "RECOMMENDED_LR",
     "REALIGN_FLAG_HELP",
     "RULES",
@@ -345,6 +364,7 @@ __all__ = [
     "check_regular_lr_ratio",
     "recommended_lr",
     "recommended_regular_lr_ratio",
+    "recommended_v_floor_horizon",
     "OPTIONS",
     "SAMPLED_STEPS",
     "describe_routing",

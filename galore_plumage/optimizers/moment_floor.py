@@ -19,10 +19,13 @@ bias correction (no coordinate's normalized step above 1) without that warm-up: 
 `v_floor_horizon` H (with m2) sets how long that warm-up lasts: the bound becomes M² (1 − β2^k) / (1 − β_H^k) with
 β_H = 1 − 1/H, so the step on such a coordinate is lr · √(1 − β_H^t), a warm-up over about H updates instead of
 1 / (1 − β2). H = 1 / (1 − β2) is m2 itself; None (the default) is m2 as above. A shorter H ends the warm-up sooner
-but not on that curve: V then grows past the bound at Adam's own pace. Why: the floor's gain over GaLore's recipe
-fades as its warm-up ends (docs/results.md §3: +0.07 at 600 updates, +0.01 at 5000), so a longer run might have
-wanted a longer warm-up. Measured at 5000 updates (session 24, one seed), it does not: H = 3000 ends within seed noise
-of m2 and H = 5000 behind it, so the default stays None.
+but not on that curve: V then grows past the bound at Adam's own pace. Longer ones first (the floor's gain over
+GaLore's recipe fades as its warm-up ends, docs/results.md §3): at 5000 updates (session 24, one seed) H = 3000 ends
+within seed noise of m2 and H = 5000 behind it. Then shorter: on an H200 at llama_60m, 64 × 256 tokens an update
+(session 35), m2's warm-up left the default 0.087 behind GaLore's recipe, and on the CPU H = 200 is level with m2 at
+8 × 64 tokens an update and ahead of it at 8 × 256 and 16 × 256 (+0.05, +0.03), with the regular group at 2× the
+lr: torchrun_main.py pretrains plumage_adamw with H = 200 since session 36 (optimizers.PRETRAIN_V_FLOOR_HORIZON). The
+option's default stays None: at one lr, on 8-bit AdamW, H = 200 trailed m2 at 8 × 64 tokens (session 36).
 """
 
 from __future__ import annotations

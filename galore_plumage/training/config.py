@@ -33,6 +33,7 @@ from ..optimizers import (
     optimizer_spec,
     recommended_lr,
     recommended_regular_lr_ratio,
+    recommended_v_floor_horizon,
 )
 from ..optimizers.options import BY_KEY
 from ..projectors import list_projectors
@@ -183,17 +184,22 @@ def build_parser() -> argparse.ArgumentParser:
     return add_option_flags(add_flags(parser, TrainConfig))
 
 
+# an option flag left out: the optimizer's own default (a flag given as 'none' is None, which some defaults are not)
+NOT_GIVEN = argparse.SUPPRESS
+
+
 def add_option_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """One --flag per option of optimizers/options.py; not given (None) means the optimizer's own default."""
+    """One --flag per option of optimizers/options.py; not given means the optimizer's own default."""
     group = parser.add_argument_group("low-rank options", "not given: the optimizer's default, named in each help")
     for option in OPTIONS:
-        group.add_argument(f"--{option.key}", default=None, help=option.flag_help(), **option.argparse_options())
+        group.add_argument(f"--{option.key}", default=NOT_GIVEN, help=option.flag_help(), **option.argparse_options())
     return parser
 
 
 def split_options(arguments: dict) -> tuple[dict, dict]:
-    """(the other flags, the table's options that were given) from a parsed namespace's dict."""
-    given = {k: v for k, v in arguments.items() if k in BY_KEY and v is not None}
+    """(the other flags, the table's options that were given) from a parsed namespace's dict: a flag left out is
+    absent from it (argparse.SUPPRESS), so `--residual_cap none` (None) is kept where plumage_*'s default is 0.5."""
+    given = {k: v for k, v in arguments.items() if k in BY_KEY}
     return {k: v for k, v in arguments.items() if k not in BY_KEY}, given
 
 
@@ -229,6 +235,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     _check_numbers(c)
     _check_combinations(c, world_size)
     _derive_regular_lr(c)
+    _derive_v_floor_horizon(c)
     _derive_batch(c, world_size)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
@@ -308,6 +315,15 @@ def _derive_regular_lr(c: TrainConfig) -> None:
         c.regular_lr = ratio * c.lr
 
 
+def _derive_v_floor_horizon(c: TrainConfig) -> None:
+    """The floor's warm-up the optimizer pretrains with (optimizers.PRETRAIN_V_FLOOR_HORIZON), into the options unless
+    --v_floor_horizon was given (as 'none' too)."""
+    if "v_floor_horizon" not in c.low_rank:
+        horizon = recommended_v_floor_horizon(optimizer_spec(c.optimizer), c.low_rank, c.preset)
+        if horizon is not None:
+            c.low_rank = {**c.low_rank, "v_floor_horizon": horizon}
+
+
 def _derive_batch(c: TrainConfig, world_size: int) -> None:
     """gradient_accumulation and total_batch_size from whichever was given (GaLore's arithmetic), checked."""
     per_process = c.batch_size * world_size
@@ -359,6 +375,8 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
     saved_options, options = saved.get("low_rank", {}), current["low_rank"]
     for key in sorted(saved_options.keys() | options.keys()):
         if saved_options.get(key) != options.get(key):
+            # a run before session 36 warmed plumage_adamw's floor up over m2's own ~1000 updates
+            hint = "; m2's own warm-up: --v_floor_horizon none" if key == "v_floor_horizon" and key not in saved_options else ""
             conflicts.append(f"--{key} {options.get(key, 'not given')} (the checkpoint: "
-                             f"{saved_options.get(key, 'not given')})")
+                             f"{saved_options.get(key, 'not given')}{hint})")
     return conflicts

@@ -317,15 +317,19 @@ def test_the_plumage_adamw_default_is_the_protocols_galore_plus_floor_arm():
 
 def test_the_pretraining_default_is_the_protocols_ratio2_arm():
     """torchrun_main.py gives plumage_adamw's regular group 2x its lr (session 33): its command line and the protocol's
-    arm galore_recipe_vfloor_gram_ratio2 (galore_adamw ... --regular_lr_ratio 2) build the same groups, lrs and scale;
-    the test above shows that the rest (v_floor, the solver 'auto' resolves to) takes the same steps."""
+    arm galore_recipe_vfloor_h200_gram_ratio2 (galore_adamw ... --v_floor_horizon 200 --regular_lr_ratio 2, session 36)
+    build the same groups, lrs, scale and floor; the test above shows that the rest (the solver 'auto' resolves to)
+    takes the same steps."""
     from galore_plumage.training.config import parse_config
     from galore_plumage.training.loop import make_optimizer
 
     groups = []
     for argv in (["--optimizer", "plumage_adamw"], ["--optimizer", "galore_adamw", "--galore_scale", "0.25", "--v_floor",
-                                                     "m2", "--solver", "gram", "--lr", "1e-2", "--regular_lr_ratio", "2"]):
+                                                     "m2", "--v_floor_horizon", "200", "--solver", "gram", "--lr", "1e-2",
+                                                     "--regular_lr_ratio", "2"]):
         optimizer = make_optimizer(parse_config(["--rank", "4", *argv]), _model())
-        groups.append([(len(g["params"]), g["lr"], g.get("rank"), g["scale"]) for g in optimizer.param_groups])
+        groups.append([(len(g["params"]), g["lr"], g.get("rank"), g["scale"],
+                        *((g["v_floor"], g["v_floor_horizon"]) if "rank" in g else ()))  # a floor acts on low rank only
+                       for g in optimizer.param_groups])
     assert groups[0] == groups[1]
     assert [lr for _, lr, *_ in groups[0]] == [2e-2, 1e-2]  # the regular group first, at 2x

@@ -15,7 +15,7 @@ from galore_plumage.finetune.config import build_parser as finetune_parser
 from galore_plumage.finetune.config import parse_config as parse_finetune_config
 from galore_plumage.optimizers.base import LOW_RANK_DEFAULTS, PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, projector_options
 from galore_plumage.optimizers.options import OPTIONS, SAME
-from galore_plumage.training.config import build_parser, parse_config
+from galore_plumage.training.config import NOT_GIVEN, build_parser, parse_config
 from galore_plumage.training.loop import optimizer_options
 
 BAD = [(option.key, bad) for option in OPTIONS for bad in option.bad_values]
@@ -94,7 +94,7 @@ def test_given_to_a_full_rank_optimizer_it_is_refused(option):
 def test_both_command_lines_have_the_flag_with_the_tables_help(parser, option):
     actions = {a.dest: a for a in parser()._actions}
     assert option.key in actions
-    assert actions[option.key].default is None  # not given: the optimizer's own default
+    assert actions[option.key].default == NOT_GIVEN  # left out of the options: the optimizer's own default
     assert actions[option.key].help == option.flag_help()
     assert repr(option.default) in option.flag_help()
 
@@ -104,7 +104,9 @@ def test_the_flag_reaches_the_optimizer_from_both_scripts(option):
     """On PLUMAGE's projector (--projector plumage), where every option of the table applies."""
     argv, value = GOOD[option.key]
     config = parse_config(["--optimizer", "plumage_adamw", "--projector", "plumage", *argv])
-    assert config.low_rank == {option.key: value}
+    # pretraining adds plumage_adamw's floor warm-up under its floor m2 (training/config._derive_v_floor_horizon)
+    pretraining = {} if option.key in ("v_floor", "v_floor_horizon") else {"v_floor_horizon": 200}
+    assert config.low_rank == {option.key: value, **pretraining}
     assert optimizer_options(config)[option.key] == value
     finetune = parse_finetune_config(["--optimizer", "plumage_adamw", "--projector", "plumage", *argv])
     assert finetune.low_rank == {option.key: value}
@@ -116,9 +118,22 @@ def test_the_flag_reaches_the_optimizer_from_both_scripts(option):
         assert projector_options(group)[option.key] == value
 
 
+def test_a_flag_given_as_none_is_kept_where_the_optimizers_default_is_not_none():
+    """'none' is a value: `--residual_cap none` under the sampled preset (whose cap is 0.5) and `--v_floor_horizon none`
+    for plumage_adamw's pretraining (200) reach the optimizer as None; a flag left out is absent."""
+    config = parse_config(["--optimizer", "plumage_adamw", "--preset", "sampled", "--residual_cap", "none"])
+    assert config.low_rank == {"residual_cap": None}
+    (group,) = [g for g in build_optimizer("plumage_adamw", nn.Sequential(nn.Linear(10, 8)), rank=2,
+                                           target_modules=("",), preset="sampled", **config.low_rank).param_groups
+                if "rank" in g]
+    assert group["residual_cap"] is None
+    assert parse_config(["--optimizer", "plumage_adamw", "--v_floor_horizon", "none"]).low_rank == {"v_floor_horizon": None}
+    assert parse_finetune_config(["--optimizer", "plumage_adamw"]).low_rank == {}
+
+
 def test_no_cap_on_the_command_line_is_inf_and_the_projector_reads_it_as_none():
     config = parse_config(["--projector", "plumage", "--max_inv_p", "none"])
-    assert config.low_rank == {"max_inv_p": math.inf}
+    assert config.low_rank == {"max_inv_p": math.inf, "v_floor_horizon": 200}  # plumage_adamw's pretraining floor
     optimizer = PlumageAdamW([{"params": [_weight()], "rank": 2, "projector": "plumage"}], **config.low_rank)
     (param,) = optimizer.param_groups[0]["params"]
     param.grad = torch.randn(param.shape)

@@ -286,6 +286,40 @@ def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr)
     assert config.regular_lr == (None if regular_lr is None else pytest.approx(regular_lr))
 
 
+@pytest.mark.parametrize("argv, horizon", [
+    ([], 200),  # plumage_adamw pretrains with the floor's warm-up over 200 updates (session 36)
+    (["--optimizer", "plumage_adamw_per_layer"], 200),
+    (["--v_floor_horizon", "500"], 500),
+    (["--v_floor_horizon", "none"], None),  # m2's own warm-up, given as a value
+    (["--v_floor", "m2"], 200),
+    (["--v_floor", "none"], "absent"),  # no floor: no warm-up to shape
+    (["--v_floor", "m2_corrected"], "absent"),
+    (["--preset", "paper"], "absent"),  # a preset keeps what it was measured with
+    (["--preset", "sampled"], "absent"),
+    (["--optimizer", "plumage_adamw8bit"], "absent"),
+    (["--optimizer", "galore_adamw"], "absent"),  # GaLore's recipe, and its floor as given
+    (["--optimizer", "galore_adamw", "--v_floor", "m2"], "absent"),
+])
+def test_the_floors_warm_up_defaults_to_the_optimizers_pretraining_horizon(argv, horizon):
+    """optimizers.PRETRAIN_V_FLOOR_HORIZON: filled into the options when the flag is not given and the floor is m2."""
+    options = parse_config(argv).low_rank
+    assert options.get("v_floor_horizon", "absent") == horizon
+
+
+def test_a_checkpoint_from_before_the_horizon_resumes_with_m2s_own_warm_up():
+    """A plumage_adamw run saved before session 36 warmed its floor up over ~1000 updates (no horizon in its options);
+    the conflict names the flag that resumes it as it was, and that flag clears it."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = asdict(parse_config([]))
+    del saved["low_rank"]["v_floor_horizon"]
+    (conflict,) = resume_conflicts(saved, parse_config([]))
+    assert conflict == "--v_floor_horizon 200 (the checkpoint: not given; m2's own warm-up: --v_floor_horizon none)"
+    assert resume_conflicts(saved, parse_config(["--v_floor_horizon", "none"])) == []
+
+
 # ----------------------------------------------------------------- defaults
 def test_default_dtype_follows_the_device():
     """float32 where bf16 is not supported (CPU), bfloat16 where it is; an explicit --dtype always wins."""
