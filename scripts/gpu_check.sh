@@ -18,9 +18,10 @@ END=${END:-545}; TRAIN_END=${TRAIN_END:-330}; DEV=${DEV:-cuda}
 MODEL=${MODEL:-configs/llama_60m.json}; STEPS=${STEPS:-1000}; BATCH=${BATCH:-64}; LEN=${LEN:-256}; EVERY=${EVERY:-100}
 EVAL_TOKENS=${EVAL_TOKENS:-200000}; GAP=${GAP:-200}; PROJ_RANK=${PROJ_RANK:-128}; MB=${MB:-60}
 SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MODEL_SIZES_7B:-7b}
-# session 36's question: GaLore's recipe and the default (session 35's runs, reused) against the default with the floor's
-# warm-up over 200 updates and without the floor (docs/results.md §3, "Session 35"): six new runs side by side
-TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_vfloor_gram_ratio2,galore_recipe_vfloor_h200_gram_ratio2,galore_recipe_gram_ratio2 --pin_lr galore_recipe=1e-2,galore_recipe_vfloor_gram_ratio2=1e-2,galore_recipe_vfloor_h200_gram_ratio2=1e-2,galore_recipe_gram_ratio2=1e-2 --seeds 0,1,2 --jobs 6}
+# GaLore's recipe and the default of sessions 17-35 (session 35's runs, reused) against torchrun_main.py's default since
+# session 36, the floor's warm-up over 200 updates, over 100, and no floor (docs/results.md §3, "Session 36"): nine
+# new runs, six at a time
+TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_vfloor_gram_ratio2,galore_recipe_vfloor_h200_gram_ratio2,galore_recipe_vfloor_h100_gram_ratio2,galore_recipe_gram_ratio2 --pin_lr galore_recipe=1e-2,galore_recipe_vfloor_gram_ratio2=1e-2,galore_recipe_vfloor_h200_gram_ratio2=1e-2,galore_recipe_vfloor_h100_gram_ratio2=1e-2,galore_recipe_gram_ratio2=1e-2 --seeds 0,1,2 --jobs 6}
 ROWS="plumage_adamw default,ours plumage (gram64),ours plumage (svd),ours svd (gram)"
 W=/tmp/gpu_check; mkdir -p $W
 log() { echo "[$SECONDS s] $*" | tee -a $W/timeline.txt; }

@@ -119,9 +119,10 @@ def recommended_lr(spec: OptimizerSpec, preset: str | None = None) -> float:
 
 # The regular group's (embeddings, norms, head) peak lr as a multiple of `lr` when torchrun_main.py pretrains: the
 # protocol's best for plumage_adamw on every shape larger than llama_tiny and level on llama_tiny (docs/results.md §3,
-# sessions 32-33). One lr (1) for every other name, as galore-torch; the Python API (build_optimizer, the classes, the
+# sessions 32-33); plumage_adamw8bit's since session 36, with the floor's warm-up below (+0.012 and +0.026 alone,
+# session 34). One lr (1) for every other name, as galore-torch; the Python API (build_optimizer, the classes, the
 # HF Trainer) keeps one lr too unless regular_lr is given: the ratio was measured in pretraining only.
-PRETRAIN_REGULAR_LR_RATIO: dict[tuple[str, str], float] = {("plumage", "adamw"): 2.0}
+PRETRAIN_REGULAR_LR_RATIO: dict[tuple[str, str], float] = {("plumage", "adamw"): 2.0, ("plumage", "adamw8bit"): 2.0}
 
 
 def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None) -> float:
@@ -133,11 +134,11 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
 
 
 # The floor's warm-up (v_floor_horizon, optimizers/moment_floor.py) when torchrun_main.py pretrains: 200 updates
-# instead of m2's ~1000 for plumage_adamw, whose regular group takes 2x the lr there. Level with m2 at 8 x 64 tokens an
-# update and ahead of it at 8 x 256 and 16 x 256 (+0.05, +0.03, three seeds each), where m2 fell behind GaLore's
-# recipe as on a GPU at 64 x 256 (docs/results.md §3, sessions 35-36). The option's default stays None elsewhere: at
-# one lr (8-bit AdamW, 8 x 64 tokens) H = 200 trailed m2 by 0.037.
-PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], int] = {("plumage", "adamw"): 200}
+# instead of m2's ~1000, with the regular group at 2x the lr (above). plumage_adamw: level with m2 at 8 x 64 tokens an
+# update, ahead of it at 8 x 256 and 16 x 256 (+0.05, +0.03), where m2 fell behind GaLore's recipe as on a GPU at
+# 64 x 256; plumage_adamw8bit: level at 8 x 64 (+0.007), +0.070 at 8 x 256 (three seeds each; docs/results.md §3,
+# sessions 35-36). The option's default stays None elsewhere: at one lr (8-bit, 8 x 64 tokens) 200 trailed m2 by 0.037.
+PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], int] = {("plumage", "adamw"): 200, ("plumage", "adamw8bit"): 200}
 
 
 def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, preset: str | None = None) -> int | None:

@@ -36,7 +36,7 @@ def test_a_run_recorded_by_another_copy_is_reused_and_a_changed_one_is_not(tmp_p
 
 def test_a_plumage_run_recorded_before_its_family_was_pinned_is_reused_only_at_the_old_defaults(tmp_path):
     """Since session 17 every plumage_* arm names `--projector plumage` (and, for Adam, `--v_floor none`), since
-    session 20 `--solver svd`, since session 33 `--regular_lr_ratio 1` (plumage_adamw), since session 36
+    session 20 `--solver svd`, since session 33 `--regular_lr_ratio 1` (plumage_adamw; 8-bit since 36), since session 36
     `--v_floor_horizon none` (Adam): a run recorded without them ran
     with exactly those values, so it is reused; a record that names them otherwise, or a pin with another value, is not
     the same run."""
@@ -63,16 +63,17 @@ def test_a_plumage_run_recorded_before_its_family_was_pinned_is_reused_only_at_t
     # the pins: Adam backends get the floor and its horizon, the others neither (they refuse them); an arm's own
     # value stays
     assert family_pins("plumage_adafactor") == ["--projector", "plumage", "--solver", "svd"]
-    assert family_pins("plumage_adamw8bit_per_layer")[-6:] == ["--v_floor", "none", "--v_floor_horizon", "none",
-                                                               "--solver", "svd"]
+    assert family_pins("plumage_adamw8bit_per_layer", pretraining=False)[-6:] == [
+        "--v_floor", "none", "--v_floor_horizon", "none", "--solver", "svd"]
     assert family_pins("galore_adamw") == []
     assert with_family_pins("plumage_adamw", ["--v_floor", "m2"]) == [
         "--v_floor", "m2", "--projector", "plumage", "--v_floor_horizon", "none", "--solver", "svd",
         "--regular_lr_ratio", "1"]
     horizon = [*old[:6], "--projector", "plumage", "--v_floor", "none", "--v_floor_horizon", "200", *old[6:]]
     assert run_or_reuse(horizon, out, _result, "arm", report_only=True) is None
-    # the ratio: only plumage_adamw's default is not one lr, only torchrun_main.py takes it, and --regular_lr replaces it
-    assert "--regular_lr_ratio" not in family_pins("plumage_adamw8bit") + family_pins("plumage_adamw", pretraining=False)
+    # the ratio: only plumage_adamw(8bit)'s default is not one lr, only torchrun_main.py takes it, and --regular_lr replaces it
+    assert "--regular_lr_ratio" not in family_pins("plumage_adamw8bit", pretraining=False) + family_pins("plumage_adafactor")
+    assert family_pins("plumage_adamw8bit")[-2:] == ["--regular_lr_ratio", "1"]  # 2x since session 36
     assert with_family_pins("plumage_adamw", ["--regular_lr", "2e-2"])[-2:] == ["--solver", "svd"]
     ratio_pinned = [*old[:6], "--projector", "plumage", "--regular_lr_ratio", "2", *old[6:]]
     assert run_or_reuse(ratio_pinned, out, _result, "arm", report_only=True) is None

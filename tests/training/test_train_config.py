@@ -274,7 +274,7 @@ def test_out_of_range_values_name_the_flag(argv, message):
     (["--preset", "paper"], 1e-3, None),  # a preset keeps the one lr it was measured with
     (["--preset", "sampled"], 1e-2, None),
     (["--optimizer", "galore_adamw"], 1e-3, None),  # GaLore's recipe: one lr
-    (["--optimizer", "plumage_adamw8bit"], 1e-2, None),  # one lr: its split measured at 600 updates only (session 34)
+    (["--optimizer", "plumage_adamw8bit"], 1e-2, 2e-2),  # since session 36, with the floor's 200-update warm-up
     (["--optimizer", "galore_adamw", "--regular_lr_ratio", "2", "--lr", "3e-3"], 3e-3, 6e-3),
     (["--optimizer", "galore_adamw8bit_per_layer", "--regular_lr_ratio", "2"], 1e-3, 2e-3),  # any low-rank name takes it
     (["--optimizer", "adamw"], 1e-3, None),
@@ -296,7 +296,7 @@ def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr)
     (["--v_floor", "m2_corrected"], "absent"),
     (["--preset", "paper"], "absent"),  # a preset keeps what it was measured with
     (["--preset", "sampled"], "absent"),
-    (["--optimizer", "plumage_adamw8bit"], "absent"),
+    (["--optimizer", "plumage_adamw8bit"], 200),
     (["--optimizer", "galore_adamw"], "absent"),  # GaLore's recipe, and its floor as given
     (["--optimizer", "galore_adamw", "--v_floor", "m2"], "absent"),
 ])
