@@ -239,7 +239,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"galore_recipe_vfloor_h{horizon}_gram_ratio2{gap_name}": ("galore_adamw", [
         "--galore_scale", "0.25", "--v_floor", "m2", "--v_floor_horizon", str(horizon), "--solver", "gram",
         "--regular_lr_ratio", "2", *gap], (1e-2,))
-       for horizon in (100, 200, 300) for gap_name, gap in GAPS},
+       for horizon in (50, 100, 200, 300) for gap_name, gap in GAPS},
     # ... and with the default's complement (Fira's, a quarter step, steady limiter, cap 0.5, first 10 updates after a
     # refresh): with the floor on both sides, the default differs from this arm only by PLUMAGE's draws
     **{f"galore_recipe_vfloor_h10{gap_name}": ("galore_adamw", [
