@@ -90,9 +90,10 @@ def test_the_eight_bit_tolerance_sees_a_coarser_code(monkeypatch):
 
 def test_eight_bit_plumage_needs_one_solver_on_both_devices():
     """The paper's 8-bit PLUMAGE refreshed through float64's Gram instead of the SVD moves by more than rounding may
-    (0.56 % on this CPU, against float32's 0.004 %: the 8-bit states round the small difference in the tail's p up;
-    rounding stays under half the tolerance, above). The H200 run of session 35 (0.76 %) had exactly that: solver
-    'auto' took gram64 on the CPU and the SVD on CUDA. So every PLUMAGE case pins its solver (the SVD, as on the H100)."""
+    (0.56 % on this CPU, against float32's 0.004 %: the 8-bit states round the small difference in the tail's p up
+    ~150 times; rounding of the gradients stays under half the tolerance, above). So every PLUMAGE case pins its
+    solver (the SVD, as on the H100), and two SVD routines (LAPACK's, cuSOLVER's) are the likely cause of the 0.76 %
+    the H200 showed with the SVD on both (session 35): not yet measured on a GPU."""
     cls8, _, group = EIGHT_BIT_CASES[1]
     assert all(options.get("solver") == "svd" for _, _, options in EIGHT_BIT_CASES if options.get("projector") == "plumage")
     with cuda_rounding_on_cpu():
