@@ -137,7 +137,8 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
 # instead of m2's ~1000, with the regular group at 2x the lr (above). plumage_adamw: level with m2 at 8 x 64 tokens an
 # update, ahead of it at 8 x 256 and 16 x 256 (+0.05, +0.03), where m2 fell behind GaLore's recipe as on a GPU at
 # 64 x 256; plumage_adamw8bit: level at 8 x 64 (+0.007), +0.070 at 8 x 256 (three seeds each; docs/results.md §3,
-# sessions 35-36). The option's default stays None elsewhere: at one lr (8-bit, 8 x 64 tokens) 200 trailed m2 by 0.037.
+# sessions 35-36). The option's default stays None elsewhere: at one lr 200 trailed m2 by 0.024 (float32) and 0.037
+# (8-bit) at 8 x 64 tokens.
 PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], int] = {("plumage", "adamw"): 200, ("plumage", "adamw8bit"): 200}
 
 
