@@ -5,23 +5,24 @@
 #
 #   bash scripts/gpu_check.sh            # on the device: run(command="bash scripts/gpu_check.sh", carry=[".whl", "data", "runs/gpu60m"])
 #
-# Settings (environment): TRAIN (the protocol's arms and lrs), TRAIN_END (s; the timings start then), END (s; the
-# last part ends by then), SIZES (step_time's, space-separated), MODEL_SIZES / MODEL_SIZES_7B (model_refresh), and for
-# a dry run on a CPU DEV=cpu with a tiny MODEL, STEPS, BATCH, LEN, EVERY, EVAL_TOKENS, GAP, PROJ_RANK and MB (corpus
-# MB).
+# Settings (environment): TRAIN and TRAIN2 (the protocol's arms and lrs, two calls side by side; TRAIN2= skips it),
+# TRAIN_END (s; the timings start then), END (s; the last part ends by then), SIZES (step_time's, space-separated,
+# the first timed first), MODEL_SIZES / MODEL_SIZES_7B (model_refresh), and for a dry run on a CPU DEV=cpu with a tiny
+# MODEL, STEPS, BATCH, LEN, EVERY, EVAL_TOKENS, GAP, PROJ_RANK and MB (corpus MB).
 # The variables are deliberately not named RANK or WORLD_SIZE: exported, those make torchrun_main.py a rank of a
 # process group (a dry run with RANK=4 wrote no metrics).
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
 export PYTHONPATH=$PWD/.whl/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:?set by the device tool}
-END=${END:-545}; TRAIN_END=${TRAIN_END:-330}; DEV=${DEV:-cuda}
+END=${END:-555}; TRAIN_END=${TRAIN_END:-400}; DEV=${DEV:-cuda}
 MODEL=${MODEL:-configs/llama_60m.json}; STEPS=${STEPS:-1000}; BATCH=${BATCH:-64}; LEN=${LEN:-256}; EVERY=${EVERY:-100}
 EVAL_TOKENS=${EVAL_TOKENS:-200000}; GAP=${GAP:-200}; PROJ_RANK=${PROJ_RANK:-128}; MB=${MB:-60}
 SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MODEL_SIZES_7B:-7b}
-# GaLore's recipe and the default of sessions 17-35 (session 35's runs, reused) against torchrun_main.py's default since
-# session 36, the floor's warm-up over 200 updates, over 100, and no floor (docs/results.md §3, "Session 36"): nine
-# new runs, six at a time
-TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_vfloor_gram_ratio2,galore_recipe_vfloor_h200_gram_ratio2,galore_recipe_vfloor_h100_gram_ratio2,galore_recipe_gram_ratio2 --pin_lr galore_recipe=1e-2,galore_recipe_vfloor_gram_ratio2=1e-2,galore_recipe_vfloor_h200_gram_ratio2=1e-2,galore_recipe_vfloor_h100_gram_ratio2=1e-2,galore_recipe_gram_ratio2=1e-2 --seeds 0,1,2 --jobs 6}
+# GaLore's recipe and the default of sessions 17-35 at 1e-2 (session 35's runs, reused) against torchrun_main.py's
+# default since session 36 (the floor's warm-up over 200 updates) and the same without the floor, three seeds: six new
+# runs at once; beside them (TRAIN2) the new default at 2e-2, where session 35 ran the other two on seed 0 (reused)
+TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_vfloor_gram_ratio2,galore_recipe_vfloor_h200_gram_ratio2,galore_recipe_gram_ratio2 --pin_lr galore_recipe=1e-2,galore_recipe_vfloor_gram_ratio2=1e-2,galore_recipe_vfloor_h200_gram_ratio2=1e-2,galore_recipe_gram_ratio2=1e-2 --seeds 0,1,2 --jobs 6}
+TRAIN2=${TRAIN2---arms galore_recipe,galore_recipe_vfloor_gram_ratio2,galore_recipe_vfloor_h200_gram_ratio2 --pin_lr galore_recipe=2e-2,galore_recipe_vfloor_gram_ratio2=2e-2,galore_recipe_vfloor_h200_gram_ratio2=2e-2 --seeds 0 --jobs 1}
 ROWS="plumage_adamw default,ours plumage (gram64),ours plumage (svd),ours svd (gram)"
 W=/tmp/gpu_check; mkdir -p $W
 log() { echo "[$SECONDS s] $*" | tee -a $W/timeline.txt; }
@@ -31,6 +32,7 @@ pack() { tar czf $OUT/results.tgz -C $W . -C $PWD $(find runs/gpu60m -name metri
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, transformers, bitsandbytes; print(torch.__version__, torch.version.cuda, transformers.__version__, bitsandbytes.__version__)"
+  cat .whl/commit 2>/dev/null
 } > $W/device.txt 2>&1; cat $W/device.txt
 
 log corpus; python3 scripts/code_corpus.py --packages transformers,torch --min_mb $MB --out data/code.jsonl > $W/corpus.txt 2>&1
@@ -38,22 +40,32 @@ cp data/code.jsonl.manifest.json $W/ 2>/dev/null
 python3 scripts/train_bpe.py data/code.jsonl >> $W/corpus.txt 2>&1; log "corpus rc $? $(tail -1 $W/corpus.txt)"
 
 log training
-OMP_NUM_THREADS=4 RAYON_NUM_THREADS=4 timeout $(left $TRAIN_END 500) python3 benchmarks/pretrain_protocol.py \
-  --runs runs/gpu60m --out $W --name gpu60m --model_config $MODEL --dataset data/code.jsonl --steps $STEPS \
-  --batch_size $BATCH --max_length $LEN --rank $PROJ_RANK --update_proj_gap $GAP --eval_every $EVERY \
-  --eval_tokens $EVAL_TOKENS $TRAIN > $W/protocol.log 2>&1 &
-training=$!
+protocol() {  # name, then the arms' flags
+  local name=$1; shift
+  OMP_NUM_THREADS=4 RAYON_NUM_THREADS=4 timeout $(left $TRAIN_END 500) python3 benchmarks/pretrain_protocol.py \
+    --runs runs/gpu60m --out $W --name $name --model_config $MODEL --dataset data/code.jsonl --steps $STEPS \
+    --batch_size $BATCH --max_length $LEN --rank $PROJ_RANK --update_proj_gap $GAP --eval_every $EVERY \
+    --eval_tokens $EVAL_TOKENS "$@" > $W/protocol_$name.log 2>&1
+}
+protocol gpu60m $TRAIN & training=$!
+[ -n "$TRAIN2" ] && { protocol gpu60m_2e-2 $TRAIN2 & }; training2=$!
 timeout $(left $TRAIN_END 200) python3 -m pytest tests/gpu -q -p no:cacheprovider > $W/gpu_tests.log 2>&1
 log "tests rc $? $(tail -1 $W/gpu_tests.log)"
-wait $training; log "training rc $?"; pack
+timeout $(left $TRAIN_END 120) python3 benchmarks/device_parity.py --device $DEV --out $W/device_parity.md \
+  > $W/device_parity.log 2>&1; log "device_parity rc $?"
+wait $training; log "training rc $?"; wait $training2; log "training2 rc $?"; pack
 
 log timings
-for size in $SIZES; do
-  timeout $(left $END 100) python3 benchmarks/step_time.py --device $DEV --sizes $size --reps 15 --refresh-reps 3 \
-    --only "$ROWS" --out $W/step_time_cuda_$size.md >> $W/timings.log 2>&1; log "step_time $size rc $?"; pack
-done
-timeout $(left $END 90) python3 benchmarks/model_refresh.py --device $DEV --sizes $MODEL_SIZES --reps 1 \
-  --out $W/model_refresh_cuda.md >> $W/timings.log 2>&1; log "model_refresh rc $?"; pack
+step_time() {  # size
+  timeout $(left $END 100) python3 benchmarks/step_time.py --device $DEV --sizes $1 --reps 15 --refresh-reps 3 \
+    --only "$ROWS" --out $W/step_time_cuda_$1.md >> $W/timings.log 2>&1; log "step_time $1 rc $?"; pack
+}
+# what issue 15's targets name first (a 350M layer, a llama_7b refresh), then the rest while time is left
+step_time ${SIZES%% *}
 timeout $(left $END 90) python3 benchmarks/model_refresh.py --device $DEV --sizes $MODEL_SIZES_7B --reps 1 \
   --only "ours svd (gram)" --batches none --out $W/model_refresh_cuda_7b.md >> $W/timings.log 2>&1
-log "model_refresh 7b rc $?"; log done; pack
+log "model_refresh 7b rc $?"; pack
+timeout $(left $END 90) python3 benchmarks/model_refresh.py --device $DEV --sizes $MODEL_SIZES --reps 1 \
+  --out $W/model_refresh_cuda.md >> $W/timings.log 2>&1; log "model_refresh rc $?"; pack
+for size in ${SIZES#* }; do [ "$size" != "${SIZES%% *}" ] && step_time $size; done
+log done; pack
