@@ -453,7 +453,13 @@ def main() -> None:
         grids = {label: (args.pin_lr[label],) if label in args.pin_lr else args.lr_grid.get(label, ARMS[label][2])
                  for label in args.arms}
         sweep_jobs = [(label, lr, args.sweep_seed) for label in args.arms for lr in grids[label]]
-        sweep = dict(zip(sweep_jobs, pool.map(lambda job: ensure(args, *job), sweep_jobs), strict=True))
+        # every arm at one lr leaves nothing to choose: its seeds run beside the sweep's, not after it (a GPU's runs
+        # all at once; session 37 lost two runs to a deadline waiting on seed 0)
+        one_lr = not args.sweep_only and all(len(grids[label]) == 1 for label in args.arms)
+        first = list(dict.fromkeys(sweep_jobs + ([(label, grids[label][0], s) for label in args.arms
+                                                  for s in args.seeds] if one_lr else [])))
+        done = dict(zip(first, pool.map(lambda job: ensure(args, *job), first), strict=True))
+        sweep = {job: done[job] for job in sweep_jobs}
         best = {}
         for label in args.arms:
             finished = {lr: sweep[(label, lr, args.sweep_seed)] for lr in grids[label]
@@ -461,7 +467,9 @@ def main() -> None:
             if finished:
                 best[label] = min(finished, key=lambda lr, f=finished: f[lr][-1])
         seed_jobs = [] if args.sweep_only else [(label, best[label], s) for label in best for s in args.seeds]
-        curves = dict(zip(seed_jobs, pool.map(lambda job: ensure(args, *job), seed_jobs), strict=True))
+        rest = [job for job in seed_jobs if job not in done]
+        done.update(zip(rest, pool.map(lambda job: ensure(args, *job), rest), strict=True))
+        curves = {job: done[job] for job in seed_jobs}
 
     defaults = vars(parse_args([]))
     changed = "".join(f" --{key} {args_value}" for key in ("model_config", "dataset", "batch_size", "max_length",

@@ -48,3 +48,38 @@ def test_another_corpus_is_named_and_the_bundled_one_is_not(tmp_path):
     named = command("--dataset", "data/code.jsonl", "--model_config", "configs/llama_60m.json")
     assert named[named.index("--dataset") + 1] == "data/code.jsonl"
     assert named[named.index("--model_config") + 1] == "configs/llama_60m.json"
+
+
+def test_every_arm_pinned_runs_all_seeds_in_one_batch_once_each(monkeypatch, tmp_path):
+    """With nothing to choose, the seeds go to the pool with the sweep's seed (a GPU's deadline is not spent waiting
+    on seed 0 alone); no run is started twice."""
+    batches = []
+
+    class RecordingPool:
+        def __init__(self, jobs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def map(self, run, jobs):
+            jobs = list(jobs)
+            batches.append(jobs)
+            return [run(job) for job in jobs]
+
+    monkeypatch.setattr(pretrain_protocol, "ThreadPoolExecutor", RecordingPool)
+    monkeypatch.setattr(pretrain_protocol, "ensure", lambda args, label, lr, seed: [5.0, 4.0 + seed * (0.01 + lr)])
+    monkeypatch.setattr(pretrain_protocol, "plot_losses", lambda *a, **k: None)
+    monkeypatch.setattr(pretrain_protocol, "load_run", lambda *a, **k: (None, []))
+    monkeypatch.setattr(sys, "argv", ["pretrain_protocol.py", "--arms", "galore_recipe,galore_recipe_vfloor",
+                                      "--pin_lr", "galore_recipe=5e-3,galore_recipe_vfloor=1e-2", "--seeds", "0,1,2",
+                                      "--out", str(tmp_path), "--name", "all_pinned"])
+    pretrain_protocol.main()
+    expected = {(label, lr, seed) for label, lr in (("galore_recipe", 5e-3), ("galore_recipe_vfloor", 1e-2))
+                for seed in (0, 1, 2)}
+    assert set(batches[0]) == expected and len(batches[0]) == len(expected)
+    assert all(not batch for batch in batches[1:])
+    assert "| galore_recipe_vfloor | 0.01 | 4.0000 | 4.0200 | 4.0400 |" in (tmp_path / "all_pinned_compare.md").read_text()
