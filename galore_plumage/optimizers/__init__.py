@@ -142,6 +142,25 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
 PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], int] = {("plumage", "adamw"): 200, ("plumage", "adamw8bit"): 200}
 
 
+# Where torchrun_main.py pretrains without the floor: from this many tokens an update (total_batch_size x max_length)
+# up, where neither --v_floor nor --v_floor_horizon is given. The floor's gain shrinks as the batch grows: H = 200
+# against no floor, both with the 2x regular group (docs/results.md §3, sessions 35-37), +0.034 at 512 tokens an
+# update, level at 2048 and 4096 (llama_tiny on the CPU), -0.047 at 16384 (llama_60m on an H200; three seeds each).
+# plumage_adamw8bit keeps its floor: no 8-bit run without one has been made at a large batch.
+PRETRAIN_NO_FLOOR_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"): 4096}
+
+
+def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: int,
+                        preset: str | None = None) -> str | None:
+    """The v_floor torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
+    `tokens_per_update`: 'none' from PRETRAIN_NO_FLOOR_FROM_TOKENS up where neither v_floor nor v_floor_horizon is
+    given, else None (the class's own floor; a preset keeps what it was measured with)."""
+    threshold = PRETRAIN_NO_FLOOR_FROM_TOKENS.get((spec.family, spec.backend))
+    if preset is not None or threshold is None or {"v_floor", "v_floor_horizon"} & options.keys():
+        return None
+    return "none" if tokens_per_update >= threshold else None
+
+
 def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, preset: str | None = None) -> int | None:
     """The v_floor_horizon torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) when the
     flag is not given: the table's where the floor in effect is 'm2', else None (another floor has no warm-up to
@@ -342,6 +361,7 @@ __all__ = [
     "PRESETS",
     "PRESET_FLAG_HELP",
     "PRETRAIN_REGULAR_LR_RATIO",
+    "PRETRAIN_NO_FLOOR_FROM_TOKENS",
     "PRETRAIN_V_FLOOR_HORIZON",
     "RECOMMENDED_LR",
     "REALIGN_FLAG_HELP",
@@ -366,6 +386,7 @@ __all__ = [
     "check_regular_lr_ratio",
     "recommended_lr",
     "recommended_regular_lr_ratio",
+    "recommended_v_floor",
     "recommended_v_floor_horizon",
     "OPTIONS",
     "SAMPLED_STEPS",

@@ -279,7 +279,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("v_floor", "none", "adamw, adamw8bit: before each update of a low-rank weight raise the second moment to at least the "
            "square of the mean: 'm2' (V ← max(V, M²) on the raw moments: what PLUMAGE's mv_meansplit does to every row "
            "that stays at a draw; in effect a slow warm-up of the low-rank weights' step, by √(1 − β2^t)), "
-           "'m2_corrected' (the same after bias correction: no normalized step above 1, no warm-up) or 'none' (Adam's)",
+           "'m2_corrected' (the same after bias correction: no normalized step above 1, no warm-up) or 'none' (Adam's). "
+           "torchrun_main.py pretrains plumage_adamw with 'none' from 4096 tokens an update where neither this flag nor "
+           "--v_floor_horizon is given (PRETRAIN_NO_FLOOR_FROM_TOKENS)",
            _check_choice("v_floor", V_FLOORS), ("max", None, True), plumage_adam="m2", choices=V_FLOORS,
            applies=_needs_adam_moments),
     Option("v_floor_horizon", None, "with v_floor='m2': the warm-up it gives the low-rank step lasts about this many "

@@ -33,6 +33,7 @@ from ..optimizers import (
     optimizer_spec,
     recommended_lr,
     recommended_regular_lr_ratio,
+    recommended_v_floor,
     recommended_v_floor_horizon,
 )
 from ..optimizers.options import BY_KEY
@@ -235,8 +236,9 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     _check_numbers(c)
     _check_combinations(c, world_size)
     _derive_regular_lr(c)
-    _derive_v_floor_horizon(c)
     _derive_batch(c, world_size)
+    _derive_v_floor(c)
+    _derive_v_floor_horizon(c)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
         c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
@@ -315,6 +317,14 @@ def _derive_regular_lr(c: TrainConfig) -> None:
         c.regular_lr = ratio * c.lr
 
 
+def _derive_v_floor(c: TrainConfig) -> None:
+    """No floor where the optimizer pretrains without one at this many tokens an update
+    (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS), into the options unless --v_floor or --v_floor_horizon was given."""
+    floor = recommended_v_floor(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset)
+    if floor is not None:
+        c.low_rank = {**c.low_rank, "v_floor": floor}
+
+
 def _derive_v_floor_horizon(c: TrainConfig) -> None:
     """The floor's warm-up the optimizer pretrains with (optimizers.PRETRAIN_V_FLOOR_HORIZON), into the options unless
     --v_floor_horizon was given (as 'none' too)."""
@@ -375,8 +385,13 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
     saved_options, options = saved.get("low_rank", {}), current["low_rank"]
     for key in sorted(saved_options.keys() | options.keys()):
         if saved_options.get(key) != options.get(key):
-            # a run before session 36 warmed plumage_adamw's floor up over m2's own ~1000 updates
-            hint = "; m2's own warm-up: --v_floor_horizon none" if key == "v_floor_horizon" and key not in saved_options else ""
+            # a run before session 36 warmed plumage_adamw's floor up over m2's own ~1000 updates; one before session
+            # 37 kept the floor at any batch (PRETRAIN_NO_FLOOR_FROM_TOKENS): one flag given stops both derivations
+            hint = ""
+            if key == "v_floor_horizon" and key not in saved_options:
+                hint = "; m2's own warm-up: --v_floor_horizon none"
+            elif key == "v_floor" and key not in saved_options:
+                hint = f"; the floor it ran with: --v_floor_horizon {saved_options.get('v_floor_horizon') or 'none'}"
             conflicts.append(f"--{key} {options.get(key, 'not given')} (the checkpoint: "
                              f"{saved_options.get(key, 'not given')}{hint})")
     return conflicts

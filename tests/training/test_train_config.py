@@ -306,6 +306,38 @@ def test_the_floors_warm_up_defaults_to_the_optimizers_pretraining_horizon(argv,
     assert options.get("v_floor_horizon", "absent") == horizon
 
 
+@pytest.mark.parametrize("argv, floor, horizon", [
+    (["--batch_size", "16"], "none", "absent"),  # 16 x 256 = 4096 tokens an update: no floor (session 37)
+    (["--batch_size", "8", "--total_batch_size", "64"], "none", "absent"),  # accumulated: tokens an update count
+    (["--batch_size", "16", "--max_length", "128"], "absent", 200),  # 2048 tokens: the floor's 200-update warm-up
+    (["--batch_size", "16", "--v_floor", "m2"], "m2", 200),  # a floor given is kept, with the pretraining warm-up
+    (["--batch_size", "16", "--v_floor_horizon", "300"], "absent", 300),  # a warm-up given keeps the floor
+    (["--batch_size", "16", "--v_floor_horizon", "none"], "absent", None),
+    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], "absent", 200),  # 8-bit: unmeasured without one
+    (["--batch_size", "16", "--preset", "paper"], "absent", "absent"),
+    (["--batch_size", "16", "--optimizer", "galore_adamw"], "absent", "absent"),
+])
+def test_plumage_adamw_pretrains_without_the_floor_from_4096_tokens_an_update(argv, floor, horizon):
+    """optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS: v_floor 'none' filled in where neither floor flag is given."""
+    options = parse_config(argv).low_rank
+    assert (options.get("v_floor", "absent"), options.get("v_floor_horizon", "absent")) == (floor, horizon)
+
+
+def test_a_large_batch_checkpoint_from_before_session_37_resumes_with_its_floor():
+    """A plumage_adamw run at 4096 tokens an update saved in session 36 had the floor with H = 200; both conflicts
+    name the one flag that resumes it as it ran, and that flag clears them."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = asdict(parse_config(["--batch_size", "16", "--v_floor_horizon", "200"]))
+    now = parse_config(["--batch_size", "16"])
+    assert resume_conflicts(saved, now) == [
+        "--v_floor none (the checkpoint: not given; the floor it ran with: --v_floor_horizon 200)",
+        "--v_floor_horizon not given (the checkpoint: 200)"]
+    assert resume_conflicts(saved, parse_config(["--batch_size", "16", "--v_floor_horizon", "200"])) == []
+
+
 def test_a_checkpoint_from_before_the_horizon_resumes_with_m2s_own_warm_up():
     """A plumage_adamw run saved before session 36 warmed its floor up over ~1000 updates (no horizon in its options);
     the conflict names the flag that resumes it as it was, and that flag clears it."""
