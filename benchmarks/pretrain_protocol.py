@@ -294,6 +294,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"galore8bit_recipe_vfloor_h200_gram{ratio_name}": ("galore_adamw8bit", [
         "--galore_scale", "0.25", "--v_floor", "m2", "--v_floor_horizon", "200", "--solver", "gram", *ratio], (1e-2,))
        for ratio_name, ratio in (("", []), ("_ratio2", ["--regular_lr_ratio", "2"]))},
+    # ... and without the floor, at 2x: plumage_adamw's pretraining default from 4096 tokens an update (session 37),
+    # not yet plumage_adamw8bit's (unmeasured at a large batch)
+    "galore8bit_recipe_gram_ratio2": ("galore_adamw8bit", ["--galore_scale", "0.25", "--solver", "gram",
+                                                           "--regular_lr_ratio", "2"], (1e-2,)),
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
