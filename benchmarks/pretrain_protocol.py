@@ -234,6 +234,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"galore_recipe_gram_ratio2{gap_name}": ("galore_adamw", [
         "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *gap], (1e-2, 7e-3, 1.4e-2))
        for gap_name, gap in GAPS},
+    # ... at 3x (the best of 1x-3x on the CPU's two deepest shapes, session 32): plumage_adamw's default from 4096 tokens
+    # an update with a larger regular group, the next lever where it is level with GaLore's recipe (session 37)
+    "galore_recipe_gram_ratio3": ("galore_adamw", ["--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio",
+                                                   "3"], (1e-2,)),
     # ... with the floor's warm-up over H updates instead of m2's ~1000 (v_floor_horizon): the lead the floor gives early
     # without the damping it keeps through the middle of a large-batch run
     **{f"galore_recipe_vfloor_h{horizon}_gram_ratio2{gap_name}": ("galore_adamw", [
