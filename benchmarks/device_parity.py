@@ -19,33 +19,25 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from device_helpers import (  # noqa: E402 - tests/ holds the cases the GPU tests compare
-    EIGHT_BIT_CASES,
-    EIGHT_BIT_RTOL,
-    FP32_CASES,
-    FP32_RTOL,
-    case_id,
-    cuda_rounding_on_cpu,
-    relative_difference,
-    update_after,
-)
+import device_helpers as gpu_cases  # noqa: E402 - tests/ holds the cases the GPU tests compare
 
 SOLVERS = ("svd", "gram", "gram64")
 
 
 def rows(device: str):
     """(case, solver, relative difference from the CPU, tolerance) for every case, each PLUMAGE case per solver."""
-    cases = [(cls, cls, group, steps, FP32_RTOL) for cls, group, steps in FP32_CASES]
-    cases += [(cls8, cls8, group, 6, EIGHT_BIT_RTOL) for cls8, _, group in EIGHT_BIT_CASES]
-    for cls, _, group, steps, tolerance in cases:
+    cases = [(cls, group, steps, gpu_cases.FP32_RTOL) for cls, group, steps in gpu_cases.FP32_CASES]
+    cases += [(cls8, group, 6, gpu_cases.EIGHT_BIT_RTOL) for cls8, _, group in gpu_cases.EIGHT_BIT_CASES]
+    for cls, group, steps, tolerance in cases:
         solvers = SOLVERS if group.get("projector") == "plumage" else (group.get("solver", "default"),)
         for solver in solvers:
             options = group if solver == "default" else {**group, "solver": solver}
-            rounding = cuda_rounding_on_cpu() if "8bit" in cls.__name__ else contextlib.nullcontext()
+            rounding = gpu_cases.cuda_rounding_on_cpu() if "8bit" in cls.__name__ else contextlib.nullcontext()
             with rounding:
-                on_cpu, _ = update_after(cls, options, steps, "cpu")
-            on_device, _ = update_after(cls, options, steps, device)
-            yield f"{cls.__name__}({case_id(group)})", solver, relative_difference(on_device, on_cpu), tolerance
+                on_cpu, _ = gpu_cases.update_after(cls, options, steps, "cpu")
+            on_device, _ = gpu_cases.update_after(cls, options, steps, device)
+            difference = gpu_cases.relative_difference(on_device, on_cpu)
+            yield f"{cls.__name__}({gpu_cases.case_id(group)})", solver, difference, tolerance
 
 
 def main() -> None:
