@@ -50,12 +50,12 @@ protocol() {  # name, then the arms' flags
     --eval_tokens $EVAL_TOKENS "$@" > $W/protocol_$name.log 2>&1
 }
 protocol gpu60m $TRAIN & training=$!
-[ -n "$TRAIN2" ] && { protocol gpu60m_b $TRAIN2 & }; training2=$!
+training2=; if [ -n "$TRAIN2" ]; then protocol gpu60m_b $TRAIN2 & training2=$!; fi
 timeout $(left $TRAIN_END 200) python3 -m pytest tests/gpu -q -p no:cacheprovider > $W/gpu_tests.log 2>&1
 log "tests rc $? $(tail -1 $W/gpu_tests.log)"
 timeout $(left $TRAIN_END 120) python3 benchmarks/device_parity.py --device $DEV --out $W/device_parity.md \
   > $W/device_parity.log 2>&1; log "device_parity rc $?"
-wait $training; log "training rc $?"; wait $training2; log "training2 rc $?"; pack
+wait $training; log "training rc $?"; [ -n "$training2" ] && { wait $training2; log "training2 rc $?"; }; pack
 
 log timings
 step_time() {  # size
@@ -63,11 +63,11 @@ step_time() {  # size
     --only "$ROWS" --out $W/step_time_cuda_$1.md >> $W/timings.log 2>&1; log "step_time $1 rc $?"; pack
 }
 # what issue 15's targets name first (a 350M layer, a llama_7b refresh), then the rest while time is left
-step_time ${SIZES%% *}
+first_size=${SIZES%% *}; step_time $first_size
 timeout $(left $END 90) python3 benchmarks/model_refresh.py --device $DEV --sizes $MODEL_SIZES_7B --reps 1 \
   --only "ours svd (gram)" --batches none --out $W/model_refresh_cuda_7b.md >> $W/timings.log 2>&1
 log "model_refresh 7b rc $?"; pack
 timeout $(left $END 90) python3 benchmarks/model_refresh.py --device $DEV --sizes $MODEL_SIZES --reps 1 \
   --out $W/model_refresh_cuda.md >> $W/timings.log 2>&1; log "model_refresh rc $?"; pack
-for size in ${SIZES#* }; do [ "$size" != "${SIZES%% *}" ] && step_time $size; done
+for size in ${SIZES#"$first_size"}; do step_time $size; done
 log done; pack

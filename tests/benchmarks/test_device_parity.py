@@ -21,11 +21,10 @@ def test_each_case_once_and_plumage_per_solver(monkeypatch):
 
     monkeypatch.setattr(device_parity.gpu_cases, "update_after", fake_update)
     rows = list(device_parity.rows("fake"))
-    cases = len(device_parity.gpu_cases.FP32_CASES) + len(device_parity.gpu_cases.EIGHT_BIT_CASES)
-    plumage = sum(group.get("projector") == "plumage" for *_, group in
-                  [(c, g) for c, g, _ in device_parity.gpu_cases.FP32_CASES]
-                  + [(c, g) for c, _, g in device_parity.gpu_cases.EIGHT_BIT_CASES])
-    assert plumage >= 4 and len(rows) == cases + 2 * plumage
+    groups = ([group for _, group, _ in device_parity.gpu_cases.FP32_CASES]
+              + [group for _, _, group in device_parity.gpu_cases.EIGHT_BIT_CASES])
+    plumage = sum(group.get("projector") == "plumage" for group in groups)
+    assert plumage >= 4 and len(rows) == len(groups) + 2 * plumage
     assert {solver for _, solver, _, _ in rows} == {"svd", "gram", "gram64", "default"}
     assert all(abs(difference - 0.01) < 1e-6 for _, _, difference, _ in rows)
     assert len(calls) == 2 * len(rows) and {device for *_, device in calls} == {"cpu", "fake"}
