@@ -238,6 +238,14 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # an update with a larger regular group, the next lever where it is level with GaLore's recipe (session 37)
     "galore_recipe_gram_ratio3": ("galore_adamw", ["--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio",
                                                    "3"], (1e-2,)),
+    # ... with Fira's complement (the gradient outside the basis at Adam's per-column step, arXiv 2410.01623): at 8 x 64
+    # tokens it cost at tau = 200 (session 13), a noisy raw gradient; a large batch makes that gradient less noisy, so
+    # does it pay where everything else is level (session 38)? At Fira's own size (residual_scale 1, its limiter) and
+    # scaled as the basis's step (0.25)
+    **{f"galore_recipe_gram_ratio2_fira{name}": ("galore_adamw", [
+        "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", "--residual", "norm_matched",
+        "--residual_scale", scale], (1e-2, 5e-3, 7e-3))
+       for name, scale in (("", "1"), ("_quarter", "0.25"))},
     # ... with the floor's warm-up over H updates instead of m2's ~1000 (v_floor_horizon): the lead the floor gives early
     # without the damping it keeps through the middle of a large-batch run
     **{f"galore_recipe_vfloor_h{horizon}_gram_ratio2{gap_name}": ("galore_adamw", [
