@@ -240,12 +240,15 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                                    "3"], (1e-2,)),
     # ... with Fira's complement (the gradient outside the basis at Adam's per-column step, arXiv 2410.01623): at 8 x 64
     # tokens it cost at tau = 200 (session 13), a noisy raw gradient; a large batch makes that gradient less noisy, so
-    # does it pay where everything else is level (session 38)? At Fira's own size (residual_scale 1, its limiter) and
-    # scaled as the basis's step (0.25)
-    **{f"galore_recipe_gram_ratio2_fira{name}": ("galore_adamw", [
-        "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", "--residual", "norm_matched",
-        "--residual_scale", scale], (1e-2, 5e-3, 7e-3))
-       for name, scale in (("", "1"), ("_quarter", "0.25"))},
+    # does it pay where everything else is level (session 38)? As Fira runs it (residual_scale 1, its limiter, whose
+    # reference taken at a refresh holds the complement at a few % of its size: docs/complement_anatomy.md), and as
+    # session 13 found best at 8 x 64 tokens (a quarter, the steady limiter, each column capped at half the basis's)
+    **{f"galore_recipe_gram_ratio2_{name}": ("galore_adamw", [
+        "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", "--residual", "norm_matched", *flags],
+        (1e-2, 5e-3, 7e-3))
+       for name, flags in (("fira", ["--residual_scale", "1"]),
+                           ("steady_quarter_cap05", ["--residual_limiter", "steady", "--residual_scale", "0.25",
+                                                     "--residual_cap", "0.5"]))},
     # ... with the floor's warm-up over H updates instead of m2's ~1000 (v_floor_horizon): the lead the floor gives early
     # without the damping it keeps through the middle of a large-batch run
     **{f"galore_recipe_vfloor_h{horizon}_gram_ratio2{gap_name}": ("galore_adamw", [
