@@ -357,6 +357,8 @@ class LowRankOptimizer(Optimizer):
         """Refresh (as the weight's placement `where` does it) and realign; False when there is nothing sound to apply
         this step."""
         first = not projector.ready
+        # B = F_newᵀ F_old only where something reads it: a realignment of the moments, or an observer (diagnostics)
+        projector.keeps_transition = group["realign"] != "none" or bool(self.step_observers)
         if where.refresh(projector, grad, param, state["step"]):
             if projector.moved:
                 backend.realign(state, projector, group["realign"])

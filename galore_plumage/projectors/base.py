@@ -245,6 +245,11 @@ class Projector:
         # from the pool only (mode, the rows whose vector changed), what transport zeroes
         self._transition: dict[int, torch.Tensor] | None = None
         self._selection: tuple[int, torch.Tensor] | None = None
+        # whether a refresh computes B = F_newᵀ F_old (an r × n × r product per mode, ~1 % of a CPU refresh): only a
+        # reader of the moments' transport needs it, so an optimizer that keeps its moments at a refresh (realign
+        # "none", GaLore's way and plumage_adamw's default) turns it off; `moved` still tells that the basis changed
+        self.keeps_transition = True
+        self._moved_untracked = False  # the latest refresh changed the basis and kept no B (keeps_transition off)
         self._prepared: tuple[Singular, int] | None = None  # prepare(): a batched decomposition for the next refresh
         self.refresh_count = 0
         self.next_refresh = 0
@@ -298,7 +303,8 @@ class Projector:
         return self.refresh(grad, step) if self.due(step) else False
 
     def refresh(self, grad: torch.Tensor, step: int) -> bool:
-        """Make a new basis from `grad`. Returns True if the basis changed (then `transition` is set).
+        """Make a new basis from `grad`. Returns True if the basis changed (then `moved`, and `transition` is set
+        unless keeps_transition is off).
 
         A non-finite or all-zero gradient keeps the previous basis (or defers the first one) and is
         retried at the next call: a basis built from it would put NaN or noise into every later step.
@@ -352,10 +358,13 @@ class Projector:
         if self.shape is None:
             self.shape, self._rank_per_mode = shape, ranks
         basis.factors = factors
-        self._transition, self._selection = None, None
+        self._transition, self._selection, self._moved_untracked = None, None, False
         self._compute = next(iter(factors.values())).dtype
         if old:
-            self._transition = _transition(factors, old, self._compute)
+            if self.keeps_transition:
+                self._transition = _transition(factors, old, self._compute)
+            else:
+                self._moved_untracked = True
             self.stats["rho"] = figures.pop("rho")
             if self.adaptive_interval:
                 self.tau = next_interval(self.stats["rho"], self.tau, self.tau_min, self.tau_max)
@@ -452,7 +461,7 @@ class Projector:
         # B = F_newᵀ F_old is the identity but for a zero row (and column) at each column whose vector changed: kept as
         # those indices, exact, and applied by transport as a fill instead of two r × r × n products per step
         entering = entering.to(self.factors[mode].device, non_blocking=True)  # no host sync in a steady step
-        self._transition, self._selection = None, (mode, entering)
+        self._transition, self._selection, self._moved_untracked = None, (mode, entering), False
         self.next_resample = step + self.resample_every
         self.stats["resamples"] = self.stats.get("resamples", 0) + 1
 
@@ -521,13 +530,18 @@ class Projector:
     @property
     def moved(self) -> bool:
         """True when the latest refresh or draw changed the basis (the moments then travel by `transport`)."""
-        return self._transition is not None or self._selection is not None
+        return self._transition is not None or self._selection is not None or self._moved_untracked
 
     @property
     def transition(self) -> dict[int, torch.Tensor] | None:
         """B_k = F_newᵀ F_old per projected mode for the latest basis change (None: no change since the last load).
         After a draw from the pool it is built here from the changed rows, only for a reader that needs it dense
-        (Adafactor's factored transport, row bias weights, diagnostics): `transport` applies those rows as a fill."""
+        (Adafactor's factored transport, row bias weights, diagnostics): `transport` applies those rows as a fill.
+        Raises after a refresh made with keeps_transition off, which computed no B."""
+        if self._moved_untracked:
+            raise RuntimeError("the latest refresh kept no transition B (keeps_transition was False, as an optimizer "
+                               "with realign='none' sets it): set keeps_transition = True before a refresh whose B you "
+                               "read (realign 'm', 'mv' or 'mv_meansplit' do)")
         if self._transition is None and self._selection is not None:
             mode, entering = self._selection
             b = torch.eye(self._rank_per_mode[mode], dtype=self._dtype, device=entering.device)
@@ -537,7 +551,7 @@ class Projector:
 
     @transition.setter
     def transition(self, value: dict[int, torch.Tensor] | None) -> None:
-        self._transition, self._selection = value, None
+        self._transition, self._selection, self._moved_untracked = value, None, False
 
     def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""
@@ -606,7 +620,7 @@ class Projector:
         if self.pool is not None:
             self._share_pool_storage()
         self.draws, self.next_resample = (pool["draws"], pool["next_resample"]) if pool is not None else (0, 0)
-        self._transition, self._selection = None, None
+        self._transition, self._selection, self._moved_untracked = None, None, False
         self._compute = getattr(torch, state["dtype"]) if self.factors else None
 
     def _regenerate(self, dtype: torch.dtype, device: torch.device) -> dict[int, torch.Tensor]:

@@ -224,3 +224,42 @@ def test_optimizer_realigns_at_a_refresh(rule):
     torch.testing.assert_close(
         state["exp_avg_sq"], 0.99 * _carried_v(projector, m_old, v_old, rule) + 0.01 * r.square(), rtol=1e-5, atol=1e-7
     )
+
+
+def test_keeping_the_moments_computes_no_transition_and_changes_no_step():
+    """realign="none" (GaLore's way, plumage_adamw's default) reads no B, so its refreshes compute none: `moved` still
+    says the basis changed, reading `transition` says why it is missing, and every weight is bit for bit what the same
+    run gives with B computed (an observer makes the optimizer keep it)."""
+    generator = torch.Generator().manual_seed(8)
+    grads = [torch.randn(24, 16, generator=generator) for _ in range(7)]
+
+    def run(observe: bool):
+        weight = torch.nn.Parameter(torch.ones(24, 16))
+        optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 3}], lr=1e-2)
+        assert optimizer.param_groups[0]["realign"] == "none"
+        if observe:
+            optimizer.step_observers.append(lambda *args: None)
+        for grad in grads:  # refreshes at steps 0, 3 and 6
+            weight.grad = grad
+            optimizer.step()
+        return weight, optimizer.projector_for(weight, optimizer.param_groups[0])
+
+    plain, projector = run(observe=False)
+    observed, kept = run(observe=True)
+    assert projector.refresh_count == kept.refresh_count == 3
+    assert projector.moved and not projector.keeps_transition
+    with pytest.raises(RuntimeError, match="keeps_transition"):
+        _ = projector.transition
+    assert kept.keeps_transition and kept.transition[1].shape == (4, 4)
+    assert torch.equal(plain, observed)
+
+
+def test_a_realigning_optimizer_keeps_the_transition():
+    weight = torch.nn.Parameter(torch.ones(24, 16))
+    optimizer = PlumageAdamW([{"params": [weight], "rank": 4, "update_proj_gap": 1, "realign": "mv"}], lr=1e-2)
+    generator = torch.Generator().manual_seed(9)
+    for _ in range(2):
+        weight.grad = torch.randn(24, 16, generator=generator)
+        optimizer.step()
+    projector = optimizer.projector_for(weight, optimizer.param_groups[0])
+    assert projector.keeps_transition and projector.transition is not None
