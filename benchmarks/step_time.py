@@ -61,7 +61,7 @@ from pathlib import Path
 import torch
 
 import galore_plumage
-from galore_plumage.optimizers import PLUMAGE_SAMPLED, optimizer_class, optimizer_spec
+from galore_plumage.optimizers import PLUMAGE_SAMPLED, PRETRAIN_COMPLEMENT, optimizer_class, optimizer_spec
 from galore_plumage.optimizers.base import PLUMAGE_ADAM_RECIPE
 from galore_plumage.optimizers.memory import state_bytes
 from galore_plumage.optimizers.options import option_defaults
@@ -210,6 +210,11 @@ def candidates() -> list[Candidate]:
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=False)))
             label = f"ours plumage_{backend} default + compile_update / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, compile_update=True)))
+            # what torchrun_main.py pretrains with from 4096 tokens an update (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS,
+            # PRETRAIN_COMPLEMENT): no floor, Fira's complement G − P R at every update
+            label = f"ours plumage_{backend} large-batch pretraining default (no floor, complement) / {backend}"
+            result.append(Candidate(label, backend, True, plumage_adam_default_build(
+                backend, v_floor="none", **PRETRAIN_COMPLEMENT[("plumage", backend)][1])))
         for solver in ("svd", "gram"):
             label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))

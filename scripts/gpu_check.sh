@@ -18,14 +18,14 @@ END=${END:-555}; TRAIN_END=${TRAIN_END:-400}; DEV=${DEV:-cuda}
 MODEL=${MODEL:-configs/llama_60m.json}; STEPS=${STEPS:-1000}; BATCH=${BATCH:-64}; LEN=${LEN:-256}; EVERY=${EVERY:-100}
 EVAL_TOKENS=${EVAL_TOKENS:-200000}; GAP=${GAP:-200}; PROJ_RANK=${PROJ_RANK:-128}; MB=${MB:-60}
 SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MODEL_SIZES_7B:-7b}
-# plumage_adamw's pretraining default at this shape since session 37 (no floor, 2x) at 2e-2 over three seeds against
-# GaLore's recipe at 1e-2 (reused: at 1e-2 the two were level; the 2e-2 run was lost in session 37); beside them
-# (TRAIN2) on seed 0 8-bit AdamW there: GaLore's 8-bit recipe, plumage_adamw8bit's default (the floor's 200-update
-# warm-up, 2x) and the same without the floor; and the float32 default with its regular group at 3x. Seven new runs,
-# all at once (session 37: seven took 333 s in two waves).
-TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_gram_ratio2 --pin_lr galore_recipe=1e-2,galore_recipe_gram_ratio2=2e-2 --seeds 0,1,2 --jobs 3}
-TRAIN2=${TRAIN2---arms galore8bit_recipe,galore8bit_recipe_vfloor_h200_gram_ratio2,galore8bit_recipe_gram_ratio2,galore_recipe_gram_ratio3 --pin_lr galore8bit_recipe=1e-2,galore8bit_recipe_vfloor_h200_gram_ratio2=1e-2,galore8bit_recipe_gram_ratio2=1e-2,galore_recipe_gram_ratio3=1e-2 --seeds 0 --jobs 4}
-ROWS="plumage_adamw default,ours plumage (gram64),ours plumage (svd),ours svd (gram)"
+# plumage_adamw's pretraining default at this shape since session 38 (no floor, 2x, Fira's complement:
+# galore_recipe_gram_ratio2_fira, the same flags) at 1e-2 over three seeds against GaLore's recipe and
+# session 37's default (no complement), both reused at 1e-2; beside them (TRAIN2) on seed 0 the same at 2e-2, and 8-bit
+# AdamW: GaLore's 8-bit recipe, plumage_adamw8bit's default (the floor's 200-update warm-up, 2x) and the same without
+# the floor. Seven new runs, all at once (session 37: seven took 333 s in two waves).
+TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_gram_ratio2,galore_recipe_gram_ratio2_fira --pin_lr galore_recipe=1e-2,galore_recipe_gram_ratio2=1e-2,galore_recipe_gram_ratio2_fira=1e-2 --seeds 0,1,2 --jobs 3}
+TRAIN2=${TRAIN2---arms galore8bit_recipe,galore8bit_recipe_vfloor_h200_gram_ratio2,galore8bit_recipe_gram_ratio2,galore_recipe_gram_ratio2_fira --pin_lr galore8bit_recipe=1e-2,galore8bit_recipe_vfloor_h200_gram_ratio2=1e-2,galore8bit_recipe_gram_ratio2=1e-2,galore_recipe_gram_ratio2_fira=2e-2 --seeds 0 --jobs 4}
+ROWS="plumage_adamw default,large-batch pretraining default,ours plumage (gram64),ours plumage (svd),ours svd (gram)"
 W=/tmp/gpu_check; mkdir -p $W
 log() { echo "[$SECONDS s] $*" | tee -a $W/timeline.txt; }
 left() { local t=$(( $1 - SECONDS )); [ $t -gt $2 ] && t=$2; [ $t -lt 1 ] && t=1; echo $t; }

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -159,6 +160,31 @@ def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: i
     if preset is not None or threshold is None or {"v_floor", "v_floor_horizon"} & options.keys():
         return None
     return "none" if tokens_per_update >= threshold else None
+
+
+# Where torchrun_main.py pretrains with a complement, Fira's as published (arXiv 2410.01623; optimizers/residual.py:
+# the gradient outside the basis, G − P R, moves at the step Adam gives each column inside it, under Fira's norm-growth
+# limiter, at every update): from this many tokens an update up, where no residual option is given and not in
+# per-layer mode (whose point is not to hold full gradients, which the complement reads at every update). At 8 x 64
+# tokens a raw G − P R is mostly noise and the complement cost at tau = 200 (session 13); at 16 x 256 it gains 0.020
+# over the default without it on every seed (docs/results.md §3, session 38). plumage_adamw's own complement (a
+# quarter step, the steady limiter, cap 0.5, the first 10 updates after a refresh) is not what was measured there.
+PRETRAIN_COMPLEMENT: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {
+    ("plumage", "adamw"): (4096, {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale": 1.0,
+                                  "residual_cap": None, "residual_horizon": None}),
+}
+RESIDUAL_KEYS = ("residual", "residual_limiter", "residual_scale", "residual_cap", "residual_horizon")
+
+
+def recommended_residual(spec: OptimizerSpec, options: dict, tokens_per_update: int,
+                         preset: str | None = None) -> dict[str, Any]:
+    """The complement options torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
+    `tokens_per_update`: PRETRAIN_COMPLEMENT's from its threshold up, where no residual option is given and the name
+    is not per-layer; else {} (the class's own: none for plumage_adamw; a preset keeps what it was measured with)."""
+    threshold, complement = PRETRAIN_COMPLEMENT.get((spec.family, spec.backend), (None, {}))
+    if preset is not None or threshold is None or spec.per_layer or set(RESIDUAL_KEYS) & options.keys():
+        return {}
+    return dict(complement) if tokens_per_update >= threshold else {}
 
 
 def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, preset: str | None = None) -> int | None:
@@ -361,6 +387,7 @@ __all__ = [
     "PRESETS",
     "PRESET_FLAG_HELP",
     "PRETRAIN_REGULAR_LR_RATIO",
+    "PRETRAIN_COMPLEMENT",
     "PRETRAIN_NO_FLOOR_FROM_TOKENS",
     "PRETRAIN_V_FLOOR_HORIZON",
     "RECOMMENDED_LR",
@@ -386,6 +413,7 @@ __all__ = [
     "check_regular_lr_ratio",
     "recommended_lr",
     "recommended_regular_lr_ratio",
+    "recommended_residual",
     "recommended_v_floor",
     "recommended_v_floor_horizon",
     "OPTIONS",

@@ -249,7 +249,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("residual", "none", "how the gradient outside the basis moves the weight: 'none' (GaLore, the paper: "
            "dropped) or 'norm_matched' (Fira, arXiv 2410.01623: G − P R moves at the step size Adam gives each column "
            "inside the basis, with Fira's norm-growth limiter; `scale` does not multiply it; needs the full gradient "
-           "at every step)", _check_choice("residual", RESIDUALS), ("fira", None, 1), plumage=PLUMAGE_RESIDUAL,
+           "at every step). torchrun_main.py pretrains plumage_adamw with Fira's (norm_matched, limiter fira, scale 1, "
+           "no cap, every update) from 4096 tokens an update where no residual flag is given (PRETRAIN_COMPLEMENT)",
+           _check_choice("residual", RESIDUALS), ("fira", None, 1), plumage=PLUMAGE_RESIDUAL,
            plumage_adam="none", choices=RESIDUALS, applies=_needs_orthonormal_basis),
     Option("residual_limiter", "fira", "with residual='norm_matched': where the norm-growth limiter takes its reference: "
            "'fira' (every step) or 'steady' (not on a refresh step, whose basis was fitted to that gradient and leaves "

@@ -29,10 +29,12 @@ from ..optimizers import (
     check_optimizer_options,
     check_regular_lr,
     check_regular_lr_ratio,
+    family_defaults,
     list_optimizers,
     optimizer_spec,
     recommended_lr,
     recommended_regular_lr_ratio,
+    recommended_residual,
     recommended_v_floor,
     recommended_v_floor_horizon,
 )
@@ -239,6 +241,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     _derive_batch(c, world_size)
     _derive_v_floor(c)
     _derive_v_floor_horizon(c)
+    _derive_residual(c)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
         c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
@@ -334,6 +337,13 @@ def _derive_v_floor_horizon(c: TrainConfig) -> None:
             c.low_rank = {**c.low_rank, "v_floor_horizon": horizon}
 
 
+def _derive_residual(c: TrainConfig) -> None:
+    """The complement the optimizer pretrains with at this many tokens an update (optimizers.PRETRAIN_COMPLEMENT), into
+    the options unless a residual flag was given."""
+    c.low_rank = {**c.low_rank, **recommended_residual(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update,
+                                                       c.preset)}
+
+
 def _derive_batch(c: TrainConfig, world_size: int) -> None:
     """gradient_accumulation and total_batch_size from whichever was given (GaLore's arithmetic), checked."""
     per_process = c.batch_size * world_size
@@ -383,15 +393,20 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
             hint = "; one lr on every group: --regular_lr_ratio 1" if key == "regular_lr" and saved[key] is None else ""
             conflicts.append(f"{name} {current[key]} (the checkpoint: {saved[key]}{hint})")
     saved_options, options = saved.get("low_rank", {}), current["low_rank"]
+    # an option one side leaves out has the optimizer's own default there (its family's; a preset's are not looked up)
+    defaults = family_defaults(optimizer_spec(config.optimizer)) if config.optimizer and config.preset is None else {}
     for key in sorted(saved_options.keys() | options.keys()):
-        if saved_options.get(key) != options.get(key):
+        if saved_options.get(key, defaults.get(key)) != options.get(key, defaults.get(key)):
             # a run before session 36 warmed plumage_adamw's floor up over m2's own ~1000 updates; one before session
-            # 37 kept the floor at any batch (PRETRAIN_NO_FLOOR_FROM_TOKENS): one flag given stops both derivations
+            # 37 kept the floor at any batch (PRETRAIN_NO_FLOOR_FROM_TOKENS), one before session 38 had no complement
+            # (PRETRAIN_COMPLEMENT): one flag given stops each derivation
             hint = ""
             if key == "v_floor_horizon" and key not in saved_options:
                 hint = "; m2's own warm-up: --v_floor_horizon none"
             elif key == "v_floor" and key not in saved_options:
                 hint = f"; the floor it ran with: --v_floor_horizon {saved_options.get('v_floor_horizon') or 'none'}"
+            elif key == "residual" and key not in saved_options:  # before session 38 no complement at any batch
+                hint = "; as it ran: --residual none"
             conflicts.append(f"--{key} {options.get(key, 'not given')} (the checkpoint: "
                              f"{saved_options.get(key, 'not given')}{hint})")
     return conflicts

@@ -71,3 +71,17 @@ def test_only_keeps_the_named_rows_and_every_galore_torch_reference():
     ours = names - set(step_time.REFERENCE.values())
     assert ours and all("plumage_adamw default (" in name for name in ours)
     assert {c.name for c in step_time.selected(step_time.candidates(), None)} == {c.name for c in step_time.candidates()}
+
+
+def test_the_large_batch_row_is_what_torchrun_main_pretrains_with_from_4096_tokens():
+    """The row's options are those training/config derives for plumage_adamw at 16 x 256 tokens an update."""
+    from galore_plumage.training.config import parse_config
+
+    derived = parse_config(["--batch_size", "16", "--max_length", "256"]).low_rank
+    assert derived["v_floor"] == "none" and derived["residual"] == "norm_matched"
+    (candidate,) = [c for c in step_time.candidates() if "large-batch" in c.name]
+    row = train(lambda params: candidate.build(params, 8, 2))
+    pretraining = train(lambda params: PlumageAdamW([{"params": params, "rank": 8, "update_proj_gap": 2,
+                                                      "proj_type": "std", **derived}], **step_time.OPTIONS["adamw"]))
+    for a, b in zip(row, pretraining, strict=True):
+        assert torch.equal(a, b)

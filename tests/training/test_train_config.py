@@ -323,6 +323,47 @@ def test_plumage_adamw_pretrains_without_the_floor_from_4096_tokens_an_update(ar
     assert (options.get("v_floor", "absent"), options.get("v_floor_horizon", "absent")) == (floor, horizon)
 
 
+FIRA = {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale": 1.0, "residual_cap": None,
+        "residual_horizon": None}
+
+
+@pytest.mark.parametrize("argv, complement", [
+    (["--batch_size", "16"], FIRA),  # 16 x 256 = 4096 tokens an update: Fira's complement (session 38)
+    (["--batch_size", "8", "--total_batch_size", "64"], FIRA),  # accumulated: tokens an update count
+    (["--batch_size", "16", "--max_length", "128"], {}),  # 2048 tokens: no complement
+    (["--batch_size", "16", "--residual", "none"], {"residual": "none"}),  # a residual flag given stops it
+    (["--batch_size", "16", "--residual_scale", "0.5"], {"residual_scale": 0.5}),
+    (["--batch_size", "16", "--optimizer", "plumage_adamw_per_layer"], {}),  # per-layer mode holds no full gradients
+    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], {}),
+    (["--batch_size", "16", "--preset", "paper"], {}),
+    (["--batch_size", "16", "--optimizer", "galore_adamw"], {}),
+])
+def test_plumage_adamw_pretrains_with_the_complement_from_4096_tokens_an_update(argv, complement):
+    """optimizers.PRETRAIN_COMPLEMENT: its options filled in where no residual flag is given."""
+    options = parse_config(argv).low_rank
+    assert {key: value for key, value in options.items() if key.startswith("residual")} == complement
+
+
+def test_a_large_batch_checkpoint_from_before_session_38_resumes_without_the_complement():
+    """A plumage_adamw run at 4096 tokens an update saved in session 37 had no complement: the conflicts name the flag
+    that resumes it as it ran, and that flag clears them (an option left out counts as the optimizer's default)."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = asdict(parse_config(["--batch_size", "16", "--residual", "none"]))
+    del saved["low_rank"]["residual"]
+    now = parse_config(["--batch_size", "16"])
+    # an option left out is plumage_adamw's own (residual_limiter steady, scale 0.25, cap 0.5, horizon 10)
+    assert resume_conflicts(saved, now) == [
+        "--residual norm_matched (the checkpoint: not given; as it ran: --residual none)",
+        "--residual_cap None (the checkpoint: not given)",
+        "--residual_horizon None (the checkpoint: not given)",
+        "--residual_limiter fira (the checkpoint: not given)",
+        "--residual_scale 1.0 (the checkpoint: not given)"]
+    assert resume_conflicts(saved, parse_config(["--batch_size", "16", "--residual", "none"])) == []
+
+
 def test_a_large_batch_checkpoint_from_before_session_37_resumes_with_its_floor():
     """A plumage_adamw run at 4096 tokens an update saved in session 36 had the floor with H = 200; both conflicts
     name the one flag that resumes it as it ran, and that flag clears them."""
