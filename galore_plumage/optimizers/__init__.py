@@ -173,16 +173,16 @@ PRETRAIN_COMPLEMENT: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {
     ("plumage", "adamw"): (4096, {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale": 1.0,
                                   "residual_cap": None, "residual_horizon": None}),
 }
-RESIDUAL_KEYS = ("residual", "residual_limiter", "residual_scale", "residual_cap", "residual_horizon")
 
 
 def recommended_residual(spec: OptimizerSpec, options: dict, tokens_per_update: int,
                          preset: str | None = None) -> dict[str, Any]:
     """The complement options torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
     `tokens_per_update`: PRETRAIN_COMPLEMENT's from its threshold up, where no residual option is given and the name
-    is not per-layer; else {} (the class's own: none for plumage_adamw; a preset keeps what it was measured with)."""
+    is not per-layer; else {} (the class's own: none for plumage_adamw; a preset keeps what it was measured with).
+    The complement names every residual option, so any one of them given stops the derivation."""
     threshold, complement = PRETRAIN_COMPLEMENT.get((spec.family, spec.backend), (None, {}))
-    if preset is not None or threshold is None or spec.per_layer or set(RESIDUAL_KEYS) & options.keys():
+    if preset is not None or threshold is None or spec.per_layer or complement.keys() & options.keys():
         return {}
     return dict(complement) if tokens_per_update >= threshold else {}
 

@@ -344,6 +344,14 @@ def test_plumage_adamw_pretrains_with_the_complement_from_4096_tokens_an_update(
     assert {key: value for key, value in options.items() if key.startswith("residual")} == complement
 
 
+def test_the_complement_names_every_residual_option():
+    """Any residual flag given stops the derivation because the complement names them all (recommended_residual)."""
+    from galore_plumage.optimizers import OPTIONS, PRETRAIN_COMPLEMENT
+
+    residual_options = {option.key for option in OPTIONS if option.key.startswith("residual")}
+    assert set(PRETRAIN_COMPLEMENT[("plumage", "adamw")][1]) == residual_options == set(FIRA)
+
+
 def test_a_large_batch_checkpoint_from_before_session_38_resumes_without_the_complement():
     """A plumage_adamw run at 4096 tokens an update saved in session 37 had no complement: the conflicts name the flag
     that resumes it as it ran, and that flag clears them (an option left out counts as the optimizer's default)."""
