@@ -249,6 +249,11 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
        for name, flags in (("fira", ["--residual_scale", "1"]),
                            ("steady_quarter_cap05", ["--residual_limiter", "steady", "--residual_scale", "0.25",
                                                      "--residual_cap", "0.5"]))},
+    # ... and on the pretraining default below 4096 tokens an update (the floor's 200-update warm-up, 2x): does the
+    # complement that pays at 16 x 256 tokens (session 38) pay at the demo's 8 x 256 too, where the floor is kept?
+    "galore_recipe_vfloor_h200_gram_ratio2_fira": ("galore_adamw", [
+        "--galore_scale", "0.25", "--v_floor", "m2", "--v_floor_horizon", "200", "--solver", "gram", "--regular_lr_ratio",
+        "2", "--residual", "norm_matched", "--residual_scale", "1"], (1e-2, 7e-3, 1.4e-2)),
     # ... with the floor's warm-up over H updates instead of m2's ~1000 (v_floor_horizon): the lead the floor gives early
     # without the damping it keeps through the middle of a large-batch run
     **{f"galore_recipe_vfloor_h{horizon}_gram_ratio2{gap_name}": ("galore_adamw", [
@@ -313,6 +318,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # not yet plumage_adamw8bit's (unmeasured at a large batch)
     "galore8bit_recipe_gram_ratio2": ("galore_adamw8bit", ["--galore_scale", "0.25", "--solver", "gram",
                                                            "--regular_lr_ratio", "2"], (1e-2,)),
+    # ... and with Fira's complement: plumage_adamw's pretraining default from 4096 tokens an update (session 38)
+    "galore8bit_recipe_gram_ratio2_fira": ("galore_adamw8bit", [
+        "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", "--residual", "norm_matched",
+        "--residual_scale", "1"], (1e-2, 7e-3, 1.4e-2)),
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
