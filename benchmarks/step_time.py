@@ -2,7 +2,10 @@
 
 What is measured. The seven nn.Linear weights of one Llama decoder layer (q, k, v, o: h×h; gate, up: i×h;
 down: h×i, as (out, in)) at GaLore's 60M, 130M and 350M sizes, held by one optimizer as a single group (a
-low-rank one, proj_type "std", for the low-rank optimizers) and given fixed, seeded random fp32 gradients:
+low-rank one, proj_type "std", for the low-rank optimizers) and given fixed fp32 gradients: seeded Gaussian ones
+(--gradients gaussian, the default: a flat spectrum, the slowest for a refresh's eigensolver or SVD) or a Llama's
+of that layer's shape on the bundled plays (--gradients model, benchmarks/model_gradients.py: a spectrum that falls
+as a model's does):
 
     steady     one step that does not refresh the projection (update_proj_gap = 10**9; two warm-up steps
                first, which build the basis and the moments, and compile what compile_update compiles)
@@ -36,7 +39,7 @@ torch.cuda.synchronize(), which raises on a machine without CUDA: on CPU it is r
 
     python benchmarks/step_time.py [--sizes 60m,130m,350m] [--reps 7] [--refresh-reps 3]
                                    [--device cpu|cuda] [--threads N] [--out docs/step_time.md]
-                                   [--only "plumage_adamw default (,..."]
+                                   [--only "plumage_adamw default (,..."] [--gradients gaussian|model]
 
 --only times just the rows whose names contain one of the comma-separated strings, with galore-torch's reference
 rows and the floor always kept (more repetitions of a few rows in the time of a full run).
@@ -66,6 +69,9 @@ from galore_plumage.optimizers.base import PLUMAGE_ADAM_RECIPE
 from galore_plumage.optimizers.memory import state_bytes
 from galore_plumage.optimizers.options import option_defaults
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_gradients import layer_gradients  # noqa: E402  (a sibling script, not a package)
+
 SIZES = {"60m": (512, 1376, 128), "130m": (768, 2048, 256), "350m": (1024, 2736, 256)}  # h, i, rank
 TAU = 200
 STEADY_GAP = 10**9
@@ -83,6 +89,11 @@ OPTIONS = {
 REALIGN = {"svd": "none", "random": "m", "plumage": "mv"}  # galore_*'s, flora_*'s and the paper's rule
 SCALE = {"svd": 0.25, "random": 1.0, "plumage": 1.0}  # GaLore's recipe for svd; no effect on timing
 FLOOR = "floor: projection matmuls"
+GRADIENTS = {  # what --gradients gives every optimizer to step on
+    "gaussian": "seeded Gaussian (a flat spectrum: the slowest case for a refresh's eigensolver or SVD)",
+    "model": ("the last layer's of a two-layer Llama of this layer's shape after 4 AdamW steps on the bundled plays, "
+              "on 16 × 256 tokens (benchmarks/model_gradients.py: a spectrum that falls as a model's does)"),
+}
 
 Build = Callable[[list[torch.Tensor], int, int], torch.optim.Optimizer]  # (params, rank, update_proj_gap)
 
@@ -313,7 +324,11 @@ def build_all(cands: list[Candidate], grads, rank: int, gap: int, device, result
 
 def measure_size(label: str, args, device: torch.device) -> list[Result]:
     h, i, rank = SIZES[label]
-    grads = random_tensors(layer_shapes(h, i).values(), device, SEED)
+    if args.gradients == "model":
+        print(f"{label}: a Llama's gradients (benchmarks/model_gradients.py)", flush=True)
+        grads = layer_gradients(h, i, device, SEED)
+    else:
+        grads = random_tensors(layer_shapes(h, i).values(), device, SEED)
     cands = selected(candidates(), args.only)
     results = {c.name: Result(c.name, c.family) for c in cands} | {FLOOR: Result(FLOOR, "adamw")}
 
@@ -405,7 +420,8 @@ def report(tables: dict[str, list[Result]], args, device: torch.device) -> str:
         "",
         f"Command: `{command_line()}`  ",
         f"Machine: {machine(device)}  ",
-        f"Reps: {args.reps} steady, {args.refresh_reps} refresh (medians, interleaved across optimizers).",
+        f"Reps: {args.reps} steady, {args.refresh_reps} refresh (medians, interleaved across optimizers).  ",
+        f"Gradients: {GRADIENTS[args.gradients]}.",
         "",
         "What each column is: see the docstring of `benchmarks/step_time.py`. Steady: a step without refresh;",
         "refresh: a step that recomputes the projection (and realigns moments); amortized: (refresh + 199 · steady) / 200;",
@@ -437,6 +453,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=None,
                         help="report path (default docs/step_time.md, docs/step_time_cuda.md on CUDA)")
+    parser.add_argument("--gradients", default="gaussian", choices=tuple(GRADIENTS),
+                        help="what the optimizers step on: seeded Gaussian gradients, or a Llama's (model_gradients.py)")
     parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                         help="comma-separated parts of row names: time only those rows (and galore-torch's)")
     args = parser.parse_args(argv)

@@ -1,0 +1,32 @@
+"""benchmarks/model_gradients.py: a Llama layer's seven gradients, in step_time's order, the same on every call."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import model_gradients  # noqa: E402
+import step_time  # noqa: E402
+from finetune_helpers import write_plays  # noqa: E402
+
+
+def test_the_layers_gradients_come_in_step_times_shapes_and_are_seeded(tmp_path):
+    write_plays(tmp_path)
+    h, i = 64, 160
+    grads = model_gradients.layer_gradients(h, i, torch.device("cpu"), seed=0, data_dir=tmp_path)
+    assert [tuple(g.shape) for g in grads] == list(step_time.layer_shapes(h, i).values())
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+    again = model_gradients.layer_gradients(h, i, torch.device("cpu"), seed=0, data_dir=tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
+    other = model_gradients.layer_gradients(h, i, torch.device("cpu"), seed=1, data_dir=tmp_path)
+    assert not torch.equal(grads[0], other[0])
+
+
+def test_without_the_corpus_it_says_how_to_fetch_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make data"):
+        model_gradients.layer_gradients(64, 160, torch.device("cpu"), data_dir=tmp_path)
