@@ -166,8 +166,9 @@ def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: i
 # the gradient outside the basis, G − P R, moves at the step Adam gives each column inside it, under Fira's norm-growth
 # limiter, at every update): from this many tokens an update up, where no residual option is given and not in
 # per-layer mode (whose point is not to hold full gradients, which the complement reads at every update). At 8 x 64
-# tokens a raw G − P R is mostly noise and the complement cost at tau = 200 (session 13); at 16 x 256 it gains 0.020
-# over the default without it on every seed (docs/results.md §3, session 38). plumage_adamw's own complement (a
+# tokens a raw G − P R is mostly noise and the complement cost at tau = 200 (session 13), at 8 x 256 it costs 0.069 on
+# the floor's warm-up (three seeds, session 39); at 16 x 256 it gains 0.020 over the default without it on every seed
+# (docs/results.md §3, session 38). plumage_adamw's own complement (a
 # quarter step, the steady limiter, cap 0.5, the first 10 updates after a refresh) is not what was measured there.
 PRETRAIN_COMPLEMENT: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {
     ("plumage", "adamw"): (4096, {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale": 1.0,
