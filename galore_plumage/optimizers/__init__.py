@@ -147,7 +147,8 @@ PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], int] = {("plumage", "adamw"): 20
 # up, where neither --v_floor nor --v_floor_horizon is given. The floor's gain shrinks as the batch grows: H = 200
 # against no floor, both with the 2x regular group (docs/results.md §3, sessions 35-37), +0.034 at 512 tokens an
 # update, level at 2048 and 4096 (llama_tiny on the CPU), -0.047 at 16384 (llama_60m on an H200; three seeds each).
-# plumage_adamw8bit keeps its floor: no 8-bit run without one has been made at a large batch.
+# plumage_adamw8bit keeps its floor: at 16 x 256 tokens none trailed its 200-update warm-up by 0.017 (seed 0,
+# session 39).
 PRETRAIN_NO_FLOOR_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"): 4096}
 
 
@@ -170,6 +171,8 @@ def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: i
 # the floor's warm-up (three seeds, session 39); at 16 x 256 it gains 0.020 over the default without it on every seed
 # (docs/results.md §3, session 38). plumage_adamw's own complement (a
 # quarter step, the steady limiter, cap 0.5, the first 10 updates after a refresh) is not what was measured there.
+# Not plumage_adamw8bit's: on 8-bit AdamW at 16 x 256 it cost 0.084 against no floor and no complement (seed 0,
+# session 39).
 PRETRAIN_COMPLEMENT: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {
     ("plumage", "adamw"): (4096, {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale": 1.0,
                                   "residual_cap": None, "residual_horizon": None}),

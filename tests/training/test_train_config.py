@@ -313,7 +313,7 @@ def test_the_floors_warm_up_defaults_to_the_optimizers_pretraining_horizon(argv,
     (["--batch_size", "16", "--v_floor", "m2"], "m2", 200),  # a floor given is kept, with the pretraining warm-up
     (["--batch_size", "16", "--v_floor_horizon", "300"], "absent", 300),  # a warm-up given keeps the floor
     (["--batch_size", "16", "--v_floor_horizon", "none"], "absent", None),
-    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], "absent", 200),  # 8-bit: unmeasured without one
+    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], "absent", 200),  # 8-bit keeps it (session 39)
     (["--batch_size", "16", "--preset", "paper"], "absent", "absent"),
     (["--batch_size", "16", "--optimizer", "galore_adamw"], "absent", "absent"),
 ])
