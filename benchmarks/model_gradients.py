@@ -2,10 +2,11 @@
 
 step_time.py times a refresh on seeded Gaussian gradients by default. Their singular values are flat (a Marchenko–
 Pastur spread), the slowest case for the divide-and-conquer eigensolvers and SVDs that a refresh runs: they deflate
-little. A model's gradients fall off steeply (docs/results.md §2 measures llama_tiny's), so a refresh on them is the
-one a training run pays. Here: a Llama with the layer's hidden and intermediate sizes, two layers and the bundled
-corpus's BPE (8,192 tokens), trained a few AdamW steps on the bundled plays, then one more batch's gradients of its
-last layer, in the order of step_time.layer_shapes (q, k, v, o, gate, up, down). Seeded: the same tensors every run.
+little. A model's gradients fall off steeply (docs/results.md §2 measures llama_tiny's), so a refresh on them costs
+what a training run's refresh costs. Here: a Llama with the layer's hidden and intermediate sizes, two layers and the
+bundled corpus's BPE (8,192 tokens), trained a few AdamW steps on the bundled plays, then one more batch's gradients
+of its last layer, in the order of step_time.layer_shapes (q, k, v, o, gate, up, down). Seeded: the same tensors
+every run.
 
 Needs the bundled corpus (`make data`); the tokenizer is trained on it if no cached one is found (a few seconds).
 """
