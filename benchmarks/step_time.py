@@ -70,7 +70,7 @@ from galore_plumage.optimizers.memory import state_bytes
 from galore_plumage.optimizers.options import option_defaults
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_gradients import layer_gradients  # noqa: E402  (a sibling script, not a package)
+import model_gradients  # noqa: E402  (a sibling script, not a package)
 
 SIZES = {"60m": (512, 1376, 128), "130m": (768, 2048, 256), "350m": (1024, 2736, 256)}  # h, i, rank
 TAU = 200
@@ -91,8 +91,9 @@ SCALE = {"svd": 0.25, "random": 1.0, "plumage": 1.0}  # GaLore's recipe for svd;
 FLOOR = "floor: projection matmuls"
 GRADIENTS = {  # what --gradients gives every optimizer to step on
     "gaussian": "seeded Gaussian (a flat spectrum: the slowest case for a refresh's eigensolver or SVD)",
-    "model": ("the last layer's of a two-layer Llama of this layer's shape after 4 AdamW steps on the bundled plays, "
-              "on 16 × 256 tokens (benchmarks/model_gradients.py: a spectrum that falls as a model's does)"),
+    "model": (f"the last layer's of a {model_gradients.LAYERS}-layer Llama of this layer's shape after "
+              f"{model_gradients.WARM_STEPS} AdamW steps on the bundled plays, on {model_gradients.BATCH} × "
+              f"{model_gradients.LENGTH} tokens (benchmarks/model_gradients.py: a spectrum that falls as a model's does)"),
 }
 
 Build = Callable[[list[torch.Tensor], int, int], torch.optim.Optimizer]  # (params, rank, update_proj_gap)
@@ -326,7 +327,7 @@ def measure_size(label: str, args, device: torch.device) -> list[Result]:
     h, i, rank = SIZES[label]
     if args.gradients == "model":
         print(f"{label}: a Llama's gradients (benchmarks/model_gradients.py)", flush=True)
-        grads = layer_gradients(h, i, device, SEED)
+        grads = model_gradients.layer_gradients(h, i, device, SEED)
     else:
         grads = random_tensors(layer_shapes(h, i).values(), device, SEED)
     cands = selected(candidates(), args.only)
