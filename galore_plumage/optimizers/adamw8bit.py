@@ -118,6 +118,15 @@ class AdamW8bitBackend(Backend):
 
     def update(self, state, grad, group, param, rows=None):
         grad = grad.float().contiguous()
+        decay = group["lr"] * group["weight_decay"]
+        # At lr 0 (a linear warm-up's first update) the finished step −lr·m̂/(√v̂+ε) is zero, and so would be every size
+        # read from it: Fira's φ, and the limiter's reference, which float32's M/√V takes from that update. A zero
+        # reference limits nothing, so the complement then ran 3-6x float32's size (relative to the basis's step; session
+        # 41, docs/results.md §3). So step at lr 1 and move the weight by none of it; the moments advance alike (lr does
+        # not enter them).
+        moving = group["lr"] > 0
+        if not moving:
+            group = {**group, "lr": 1.0}
         floor = group.get("v_floor", "none") if rows is not None else "none"  # a low-rank weight's (moment_floor.py)
         if "state1" not in state:  # no update in the moments yet: nothing to floor
             self._init(state, grad, group)
@@ -134,7 +143,7 @@ class AdamW8bitBackend(Backend):
         beta1, beta2 = group["betas"]
         step = state["step"]
         unit = group["lr"] * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
-        return Update(direction, -1.0, group["lr"] * group["weight_decay"], unit=unit if unit > 0 else 1.0)
+        return Update(direction, -1.0 if moving else 0.0, decay, unit=unit)
 
     def full_step(self, param, grad, group, state):
         """Regular (full-rank) weights: the kernel updates the weight in place, decay included."""

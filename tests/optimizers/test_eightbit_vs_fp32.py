@@ -76,3 +76,31 @@ def test_a_wrong_realignment_is_outside_the_tolerance():
     _, start, reference = _run(PlumageAdamW)
     _, _, unaligned = _run(PlumageAdamW8bit, realign="none")
     assert _relative(start, unaligned[-1], reference[-1]) > RELATIVE_TOLERANCE
+
+
+def test_a_warm_up_from_lr_zero_gives_the_complement_the_same_limiter_on_both_backends():
+    """A linear warm-up's first update runs at lr 0. float32's AdamW step M/√V does not carry lr, so Fira's limiter
+    takes its reference (a small complement: the basis was fitted to that very gradient) from it; 8-bit's finished
+    step −lr·m̂/(√v̂+ε) does, and at lr 0 gave a zero reference that limited nothing on the next update."""
+    runs = []
+    for cls in (PlumageAdamW, PlumageAdamW8bit):
+        weight = torch.nn.Parameter(torch.randn(128, 96, generator=torch.Generator().manual_seed(0)))
+        optimizer = cls([{"params": [weight], "rank": 32, "update_proj_gap": 50}], lr=1e-2, scale=0.25,
+                        projector="svd", v_floor="none", residual="norm_matched", residual_limiter="fira",
+                        residual_scale=1.0, residual_cap=None, residual_horizon=None)
+        grads = torch.Generator().manual_seed(1)
+        drift = torch.randn(weight.shape, generator=grads)
+        start, norms = weight.detach().clone(), []
+        for step in range(6):
+            optimizer.param_groups[0]["lr"] = 1e-2 * step / 5  # 0 on the first update, as a warm-up starts
+            weight.grad = drift + 0.5 * torch.randn(weight.shape, generator=grads)
+            optimizer.step()
+            norms.append(optimizer.state[weight]["residual_norm"].item())
+            if step == 0:
+                assert torch.equal(weight.detach(), start)  # lr 0 moves nothing, on either backend
+        runs.append((norms, weight.detach() - start))
+    (fp32_norms, fp32_moved), (eightbit_norms, eightbit_moved) = runs
+    assert fp32_norms[0] > 0
+    for step, (a, b) in enumerate(zip(eightbit_norms, fp32_norms, strict=True)):
+        assert abs(a - b) <= RELATIVE_TOLERANCE * b, (step, a, b)
+    assert ((eightbit_moved - fp32_moved).norm() / fp32_moved.norm()).item() <= RELATIVE_TOLERANCE
