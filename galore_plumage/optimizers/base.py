@@ -80,7 +80,7 @@ class Update(NamedTuple):
     complement: torch.Tensor | None = None  # φ of residual="norm_matched": W also moves by −|step_size| · φ ⊙ G⊥
     # what `direction` carries beyond the backend's normalized step (8-bit returns its finished step, lr · bias
     # correction times AdamW's M/√V): divided out where sizes are compared from step to step (the complement's
-    # limiter), so that every backend limits the same series, free of the lr schedule
+    # and the sampled rows' limiters), so that every backend limits the same series, free of the lr schedule
     unit: float = 1.0
 
 
@@ -150,7 +150,7 @@ def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group
         # the weight moves by −step_size · Z: a backend that returns the finished step (8-bit: step_size −1) has Z
         # pointing up the gradient, so the sampled rows' R takes the same orientation
         oriented = low_grad if update.step_size >= 0 else -low_grad
-        direction = norm_matched(update.direction, oriented, projector.inv_p, mode, state, total)
+        direction = norm_matched(update.direction, oriented, projector.inv_p, mode, state, total, unit=update.unit)
         update = update._replace(direction=direction)
     return update
 

@@ -41,11 +41,12 @@ def restart_limiter(state: dict) -> None:
 
 
 def norm_matched(direction: torch.Tensor, low_grad: torch.Tensor, inv_p: torch.Tensor, mode: int, state: dict,
-                 total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> torch.Tensor:
+                 total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x, unit: float = 1.0) -> torch.Tensor:
     """Z with its sampled rows (1/p > 1 + KEPT_TOLERANCE, along axis `mode`) replaced by φ ⊙ R, limited in norm growth.
 
-    `state["sampled_norm"]` keeps the previous ‖D⁻¹ Z_sampled‖ for the limiter. `total` sums a squared norm over
-    the pieces of a sharded tensor (identity for a whole one), so every shard scales alike.
+    `state["sampled_norm"]` keeps the previous ‖D⁻¹ Z_sampled‖ / `unit` for the limiter (`unit`: what Z carries beyond
+    the backend's normalized step, base.Update.unit, so that the lr schedule is not limited). `total` sums a squared
+    norm over the pieces of a sharded tensor (identity for a whole one), so every shard scales alike.
     """
     sampled = inv_p > 1 + KEPT_TOLERANCE
     if not bool(sampled.any()):
@@ -59,6 +60,6 @@ def norm_matched(direction: torch.Tensor, low_grad: torch.Tensor, inv_p: torch.T
     phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
     mask = sampled.view(shape)
     tail = low_grad * phi * mask
-    size = total((tail * inv_p.view(shape).to(tail.dtype)).square().sum()).sqrt()
+    size = total((tail * inv_p.view(shape).to(tail.dtype)).square().sum()).sqrt() / unit
     tail = tail * growth_factor(size, state, "sampled_norm")
     return torch.where(mask, tail, direction)

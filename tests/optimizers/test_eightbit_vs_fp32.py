@@ -78,29 +78,43 @@ def test_a_wrong_realignment_is_outside_the_tolerance():
     assert _relative(start, unaligned[-1], reference[-1]) > RELATIVE_TOLERANCE
 
 
-def test_a_warm_up_from_lr_zero_gives_the_complement_the_same_limiter_on_both_backends():
-    """A linear warm-up's first update runs at lr 0. float32's AdamW step M/√V does not carry lr, so Fira's limiter
-    takes its reference (a small complement: the basis was fitted to that very gradient) from it; 8-bit's finished
-    step −lr·m̂/(√v̂+ε) does, and at lr 0 gave a zero reference that limited nothing on the next update."""
+
+# Fira's complement (its limiter's reference: the refresh's own complement), and PLUMAGE's sampled rows moved at the
+# kept rows' step size (sampled_step="norm_matched", restarted at each refresh), each with Fira's limiter
+LIMITED = {
+    "residual_norm": dict(projector="svd", residual="norm_matched", residual_limiter="fira", residual_scale=1.0,
+                          residual_cap=None, residual_horizon=None),
+    "sampled_norm": dict(projector="plumage", sampled_step="norm_matched", max_inv_p=None, resample_every=0,
+                         residual="none"),
+}
+
+
+@pytest.mark.parametrize("key", LIMITED)
+def test_a_warm_up_from_lr_zero_limits_the_same_series_on_both_backends(key):
+    """A linear warm-up starts at lr 0 and rises faster than the limiter's 1 % an update. float32's AdamW step M/√V
+    carries no lr; 8-bit's finished step −lr·m̂/(√v̂+ε) does, so its limiter must see it per unit (Update.unit): at lr 0
+    it took a zero reference that limited nothing on the next update, and its series rose with the lr."""
     runs = []
     for cls in (PlumageAdamW, PlumageAdamW8bit):
         weight = torch.nn.Parameter(torch.randn(128, 96, generator=torch.Generator().manual_seed(0)))
-        optimizer = cls([{"params": [weight], "rank": 32, "update_proj_gap": 50}], lr=1e-2, scale=0.25,
-                        projector="svd", v_floor="none", residual="norm_matched", residual_limiter="fira",
-                        residual_scale=1.0, residual_cap=None, residual_horizon=None)
+        optimizer = cls([{"params": [weight], "rank": 32, "update_proj_gap": 50}], lr=1e-2, scale=0.25, v_floor="none",
+                        **LIMITED[key])
         grads = torch.Generator().manual_seed(1)
         drift = torch.randn(weight.shape, generator=grads)
-        start, norms = weight.detach().clone(), []
+        start, sizes = weight.detach().clone(), []
         for step in range(6):
             optimizer.param_groups[0]["lr"] = 1e-2 * step / 5  # 0 on the first update, as a warm-up starts
             weight.grad = drift + 0.5 * torch.randn(weight.shape, generator=grads)
             optimizer.step()
-            norms.append(optimizer.state[weight]["residual_norm"].item())
+            sizes.append(optimizer.state[weight][key].item())
             if step == 0:
                 assert torch.equal(weight.detach(), start)  # lr 0 moves nothing, on either backend
-        runs.append((norms, weight.detach() - start))
-    (fp32_norms, fp32_moved), (eightbit_norms, eightbit_moved) = runs
-    assert fp32_norms[0] > 0
-    for step, (a, b) in enumerate(zip(eightbit_norms, fp32_norms, strict=True)):
-        assert abs(a - b) <= RELATIVE_TOLERANCE * b, (step, a, b)
-    assert ((eightbit_moved - fp32_moved).norm() / fp32_moved.norm()).item() <= RELATIVE_TOLERANCE
+        runs.append((sizes, weight.detach() - start))
+    (fp32_sizes, fp32_moved), (eightbit_sizes, eightbit_moved) = runs
+    assert min(fp32_sizes) > 0
+    # the series agree to 0.03 % (where ε is added differs); per finished step they were 0 at lr 0, then 1.5x or
+    # 0.0006x float32's
+    for step, (a, b) in enumerate(zip(eightbit_sizes, fp32_sizes, strict=True)):
+        assert abs(a - b) <= 0.01 * b, (step, a, b)
+    # six early updates: quantization alone leaves the weights 4-6 % apart; with the limiter misled, 45-47 %
+    assert ((eightbit_moved - fp32_moved).norm() / fp32_moved.norm()).item() <= 2 * RELATIVE_TOLERANCE
