@@ -103,11 +103,19 @@ class AdafactorBackend(Backend):
             state["exp_avg_sq"].mul_(beta2t).add_(update, alpha=1.0 - beta2t)
             update = state["exp_avg_sq"].rsqrt().mul_(grad)
         update.div_((self._rms(update) / group["clip_threshold"]).clamp_(min=1.0))
+        if step_size == 0:
+            # lr 0 (a linear warm-up's first update) moves nothing and adds nothing to the momentum, but the limiters
+            # of the complement and the sampled rows take their reference from this update's size per unit of the
+            # step (Update.unit): a zero one would limit nothing on the next update. So return the unscaled step.
+            if group["beta1"] is not None:
+                state["exp_avg"].mul_(group["beta1"])
+            return Update(update, 0.0, 0.0)
         update.mul_(step_size)
         if group["beta1"] is not None:
             state["exp_avg"].mul_(group["beta1"]).add_(update, alpha=1.0 - group["beta1"])
             update = state["exp_avg"]
-        return Update(update, 1.0, group["weight_decay"] * step_size)
+        # the step carries step_size (the lr, or Adafactor's relative step): per unit of it for the limiters
+        return Update(update, 1.0, group["weight_decay"] * step_size, unit=step_size)
 
     @staticmethod
     def _rms(tensor: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Checked against the definition computed here by hand: the projector's fused add_back with an Outside against
 target + α · project_back(Z) + β · φ ⊙ (G − P Pᵀ G), written out; φ per column, its limiter and its zero-gradient
 columns; one optimizer step of GaLoreAdamW and PlumageAdamW against Adam's step plus the complement; the 8-bit backend
-moving the complement downhill; per-layer mode with accumulation equal to normal mode; and the cases refused.
+moving the complement downhill; Adafactor's limiter per unit of its step size; per-layer mode with accumulation equal
+to normal mode; and the cases refused.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from accumulation_helpers import assert_same_weights, train_alike
 from torch import nn
 
-from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
+from galore_plumage import GaLoreAdafactor, GaLoreAdamW, PlumageAdamW, build_optimizer
 from galore_plumage.optimizers import PLUMAGE_SAMPLED
 from galore_plumage.optimizers.limiter import GROWTH_LIMIT
 from galore_plumage.optimizers.residual import complement_weights
@@ -213,6 +214,31 @@ def test_the_eight_bit_backend_moves_the_complement_downhill():
     complement = moves["norm_matched"] - moves["none"]  # the 8-bit backend returns its finished step (step_size −1)
     cosine = (complement * grad).sum() / (complement.norm() * grad.norm())
     assert cosine < -0.5, cosine
+
+
+def _adafactor_limiter_series(lrs: list[float]) -> list[float]:
+    """GaLoreAdafactor with Fira's complement and limiter on a fixed gradient sequence at the lr of each update:
+    the limiter's recorded size after each."""
+    weight = nn.Parameter(_gradient((48, 32), 3, torch.float32))
+    optimizer = GaLoreAdafactor([{"params": [weight], "rank": 8, "update_proj_gap": 50, "residual": "norm_matched",
+                                  "residual_limiter": "fira"}], lr=lrs[0], relative_step=False, scale_parameter=False,
+                                warmup_init=False)
+    drift, sizes = _gradient((48, 32), 4, torch.float32), []
+    for step, lr in enumerate(lrs):
+        optimizer.param_groups[0]["lr"] = lr
+        weight.grad = drift + 0.5 * _gradient((48, 32), 10 + step, torch.float32)
+        optimizer.step()
+        sizes.append(optimizer.state[weight]["residual_norm"].item())
+    return sizes
+
+
+def test_adafactors_limiter_sees_the_step_per_unit_of_its_step_size():
+    """Adafactor's step carries its step size (the lr); the limiter must not (Update.unit), or a warm-up's rising lr
+    is held to 1 % an update and its first update, at lr 0, gives a reference of zero that limits nothing."""
+    warm_up = _adafactor_limiter_series([1e-3 * step for step in range(6)])
+    constant = _adafactor_limiter_series([5e-3] * 6)
+    assert warm_up[0] > 0
+    torch.testing.assert_close(warm_up, constant, rtol=1e-5, atol=0)
 
 
 class Tiny(nn.Module):
