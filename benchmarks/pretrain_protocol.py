@@ -314,11 +314,11 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"galore8bit_recipe_vfloor_h200_gram{ratio_name}": ("galore_adamw8bit", [
         "--galore_scale", "0.25", "--v_floor", "m2", "--v_floor_horizon", "200", "--solver", "gram", *ratio], (1e-2,))
        for ratio_name, ratio in (("", []), ("_ratio2", ["--regular_lr_ratio", "2"]))},
-    # ... and without the floor, at 2x: plumage_adamw's pretraining default from 4096 tokens an update (session 37),
-    # not yet plumage_adamw8bit's (unmeasured at a large batch)
+    # ... and without the floor, at 2x: plumage_adamw's pretraining default from 4096 tokens an update (session 37)
     "galore8bit_recipe_gram_ratio2": ("galore_adamw8bit", ["--galore_scale", "0.25", "--solver", "gram",
                                                            "--regular_lr_ratio", "2"], (1e-2,)),
-    # ... and with Fira's complement: plumage_adamw's pretraining default from 4096 tokens an update (session 38)
+    # ... and with Fira's complement: plumage_adamw's pretraining default from 4096 tokens an update (session 38), and
+    # plumage_adamw8bit's since session 41 (its lr-0 first update had misled the limiter: costly in session 39)
     "galore8bit_recipe_gram_ratio2_fira": ("galore_adamw8bit", [
         "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", "--residual", "norm_matched",
         "--residual_scale", "1"], (1e-2, 7e-3, 1.4e-2)),

@@ -21,10 +21,11 @@ SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MOD
 # plumage_adamw's pretraining default at this shape since session 38 (no floor, 2x, Fira's complement:
 # galore_recipe_gram_ratio2_fira, the same flags) at 1e-2 over three seeds against GaLore's recipe and
 # session 37's default (no complement), both reused at 1e-2; beside them (TRAIN2) on seed 0 the same at 2e-2, and 8-bit
-# AdamW: GaLore's 8-bit recipe, plumage_adamw8bit's default (the floor's 200-update warm-up, 2x) and the same without
-# the floor. Seven new runs, all at once (session 37: seven took 333 s in two waves).
+# AdamW: GaLore's 8-bit recipe, plumage_adamw8bit's large-batch default since session 41 (the same as float32's) and
+# its default before (the floor's 200-update warm-up, 2x). Seven new runs, all at once (session 37: seven took 333 s in
+# two waves).
 TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_gram_ratio2,galore_recipe_gram_ratio2_fira --pin_lr galore_recipe=1e-2,galore_recipe_gram_ratio2=1e-2,galore_recipe_gram_ratio2_fira=1e-2 --seeds 0,1,2 --jobs 3}
-TRAIN2=${TRAIN2---arms galore8bit_recipe,galore8bit_recipe_vfloor_h200_gram_ratio2,galore8bit_recipe_gram_ratio2,galore_recipe_gram_ratio2_fira --pin_lr galore8bit_recipe=1e-2,galore8bit_recipe_vfloor_h200_gram_ratio2=1e-2,galore8bit_recipe_gram_ratio2=1e-2,galore_recipe_gram_ratio2_fira=2e-2 --seeds 0 --jobs 4}
+TRAIN2=${TRAIN2---arms galore8bit_recipe,galore8bit_recipe_vfloor_h200_gram_ratio2,galore8bit_recipe_gram_ratio2_fira,galore_recipe_gram_ratio2_fira --pin_lr galore8bit_recipe=1e-2,galore8bit_recipe_vfloor_h200_gram_ratio2=1e-2,galore8bit_recipe_gram_ratio2_fira=1e-2,galore_recipe_gram_ratio2_fira=2e-2 --seeds 0 --jobs 4}
 ROWS="plumage_adamw default,large-batch pretraining default,ours plumage (gram64),ours plumage (svd),ours svd (gram)"
 W=/tmp/gpu_check; mkdir -p $W
 log() { echo "[$SECONDS s] $*" | tee -a $W/timeline.txt; }

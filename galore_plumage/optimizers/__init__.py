@@ -147,9 +147,10 @@ PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], int] = {("plumage", "adamw"): 20
 # up, where neither --v_floor nor --v_floor_horizon is given. The floor's gain shrinks as the batch grows: H = 200
 # against no floor, both with the 2x regular group (docs/results.md §3, sessions 35-37), +0.034 at 512 tokens an
 # update, level at 2048 and 4096 (llama_tiny on the CPU), -0.047 at 16384 (llama_60m on an H200; three seeds each).
-# plumage_adamw8bit keeps its floor: at 16 x 256 tokens none trailed its 200-update warm-up by 0.017 (seed 0,
-# session 39).
-PRETRAIN_NO_FLOOR_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"): 4096}
+# plumage_adamw8bit likewise since session 41: with the complement below, no floor led its 200-update warm-up (without
+# the complement) by 0.054 at 16 x 256 tokens, on every seed (three, Python source read once); without the complement
+# none trailed that warm-up by 0.017 (the plays, seed 0, session 39).
+PRETRAIN_NO_FLOOR_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"): 4096, ("plumage", "adamw8bit"): 4096}
 
 
 def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: int,
@@ -171,11 +172,14 @@ def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: i
 # the floor's warm-up (three seeds, session 39); at 16 x 256 it gains 0.020 over the default without it on every seed
 # (docs/results.md §3, session 38). plumage_adamw's own complement (a
 # quarter step, the steady limiter, cap 0.5, the first 10 updates after a refresh) is not what was measured there.
-# Not plumage_adamw8bit's: on 8-bit AdamW at 16 x 256 it cost 0.084 against no floor and no complement (seed 0,
-# session 39).
+# plumage_adamw8bit's too since session 41 (docs/results.md §3): session 39 measured it costing on 8-bit, but 8-bit's
+# first update at a warm-up's lr 0 then gave Fira's limiter a zero reference (fixed in adamw8bit.py); fixed, it leads
+# GaLore's 8-bit recipe by 0.126 at 16 x 256 tokens, as float32's leads its recipe (0.122), every seed of three
+# (Python source read once; docs/results.md §3, session 41).
+FIRA_COMPLEMENT: dict[str, Any] = {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale": 1.0,
+                                   "residual_cap": None, "residual_horizon": None}
 PRETRAIN_COMPLEMENT: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {
-    ("plumage", "adamw"): (4096, {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale": 1.0,
-                                  "residual_cap": None, "residual_horizon": None}),
+    ("plumage", "adamw"): (4096, FIRA_COMPLEMENT), ("plumage", "adamw8bit"): (4096, FIRA_COMPLEMENT),
 }
 
 

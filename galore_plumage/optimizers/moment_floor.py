@@ -28,8 +28,8 @@ lr: torchrun_main.py pretrains plumage_adamw(8bit) with H = 200 since session 36
 The option's default stays None: at one lr H = 200 trailed m2 at 8 × 64 tokens (−0.024 float32, −0.037 8-bit).
 On the H200 again (session 37) H = 200 left the default 0.055 behind GaLore's recipe and no floor 0.008 (level): the
 floor's gain over none falls as the batch grows (+0.034, +0.017, −0.006, −0.047 at 512, 2048, 4096 and 16384 tokens
-an update), so torchrun_main.py pretrains plumage_adamw without it from 4096 tokens an update
-(optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS).
+an update), so torchrun_main.py pretrains plumage_adamw without it from 4096 tokens an update, and plumage_adamw8bit
+since session 41 (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS).
 """
 
 from __future__ import annotations

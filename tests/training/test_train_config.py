@@ -313,7 +313,8 @@ def test_the_floors_warm_up_defaults_to_the_optimizers_pretraining_horizon(argv,
     (["--batch_size", "16", "--v_floor", "m2"], "m2", 200),  # a floor given is kept, with the pretraining warm-up
     (["--batch_size", "16", "--v_floor_horizon", "300"], "absent", 300),  # a warm-up given keeps the floor
     (["--batch_size", "16", "--v_floor_horizon", "none"], "absent", None),
-    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], "absent", 200),  # 8-bit keeps it (session 39)
+    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], "none", "absent"),  # 8-bit too (session 41)
+    (["--batch_size", "16", "--max_length", "128", "--optimizer", "plumage_adamw8bit"], "absent", 200),
     (["--batch_size", "16", "--preset", "paper"], "absent", "absent"),
     (["--batch_size", "16", "--optimizer", "galore_adamw"], "absent", "absent"),
 ])
@@ -334,7 +335,10 @@ FIRA = {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale"
     (["--batch_size", "16", "--residual", "none"], {"residual": "none"}),  # a residual flag given stops it
     (["--batch_size", "16", "--residual_scale", "0.5"], {"residual_scale": 0.5}),
     (["--batch_size", "16", "--optimizer", "plumage_adamw_per_layer"], {}),  # per-layer mode holds no full gradients
-    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], {}),
+    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], FIRA),  # 8-bit too (session 41)
+    (["--batch_size", "16", "--max_length", "128", "--optimizer", "plumage_adamw8bit"], {}),
+    (["--batch_size", "16", "--optimizer", "plumage_adamw8bit_per_layer"], {}),
+    (["--batch_size", "16", "--optimizer", "plumage_adafactor"], {}),  # its own complement, at every batch
     (["--batch_size", "16", "--preset", "paper"], {}),
     (["--batch_size", "16", "--optimizer", "galore_adamw"], {}),
 ])
@@ -385,6 +389,28 @@ def test_a_large_batch_checkpoint_from_before_session_37_resumes_with_its_floor(
         "--v_floor none (the checkpoint: not given; the floor it ran with: --v_floor_horizon 200)",
         "--v_floor_horizon not given (the checkpoint: 200)"]
     assert resume_conflicts(saved, parse_config(["--batch_size", "16", "--v_floor_horizon", "200"])) == []
+
+
+def test_a_large_batch_8bit_checkpoint_from_before_session_41_resumes_with_its_floor_and_no_complement():
+    """A plumage_adamw8bit run at 4096 tokens an update saved in session 40 had the floor's 200-update warm-up and no
+    complement: the conflicts name the flags that resume it as it ran, and those flags clear them."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    eight_bit = ["--batch_size", "16", "--optimizer", "plumage_adamw8bit"]
+    saved = asdict(parse_config([*eight_bit, "--v_floor_horizon", "200", "--residual", "none"]))
+    del saved["low_rank"]["residual"]
+    assert resume_conflicts(saved, parse_config(eight_bit)) == [
+        "--residual norm_matched (the checkpoint: not given; as it ran: --residual none)",
+        "--residual_cap None (the checkpoint: not given)",
+        "--residual_horizon None (the checkpoint: not given)",
+        "--residual_limiter fira (the checkpoint: not given)",
+        "--residual_scale 1.0 (the checkpoint: not given)",
+        "--v_floor none (the checkpoint: not given; the floor it ran with: --v_floor_horizon 200)",
+        "--v_floor_horizon not given (the checkpoint: 200)"]
+    as_it_ran = parse_config([*eight_bit, "--v_floor_horizon", "200", "--residual", "none"])
+    assert resume_conflicts(saved, as_it_ran) == []
 
 
 def test_a_checkpoint_from_before_the_horizon_resumes_with_m2s_own_warm_up():
