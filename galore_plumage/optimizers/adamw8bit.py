@@ -121,9 +121,9 @@ class AdamW8bitBackend(Backend):
         decay = group["lr"] * group["weight_decay"]
         # At lr 0 (a linear warm-up's first update) the finished step −lr·m̂/(√v̂+ε) is zero, and so would be every size
         # read from it: Fira's φ, and the limiter's reference, which float32's M/√V takes from that update. A zero
-        # reference limits nothing, so the complement then ran 3-6x float32's size (relative to the basis's step; session
-        # 41, docs/results.md §3). So step at lr 1 and move the weight by none of it; the moments advance alike (lr does
-        # not enter them).
+        # reference limits nothing: the complement then moved at 3-6 times the basis's step where float32's moved at
+        # 0.5-2 (session 41, docs/results.md §3). So step at lr 1 and move the weight by none of it; the moments advance
+        # alike (lr does not enter them).
         moving = group["lr"] > 0
         if not moving:
             group = {**group, "lr": 1.0}

@@ -79,8 +79,9 @@ class Update(NamedTuple):
     decay: float  # decoupled weight decay: W ← W − decay · W
     complement: torch.Tensor | None = None  # φ of residual="norm_matched": W also moves by −|step_size| · φ ⊙ G⊥
     # what `direction` carries beyond the backend's normalized step (8-bit returns its finished step, lr · bias
-    # correction times AdamW's M/√V; Adafactor its step size times its own): divided out where sizes are compared from step to step (the complement's
-    # and the sampled rows' limiters), so that every backend limits the same series, free of the lr schedule
+    # correction times AdamW's M/√V; Adafactor its step size times its own): divided out where sizes are compared
+    # from step to step (the complement's and the sampled rows' limiters), so that every backend limits the same
+    # series, free of the lr schedule
     unit: float = 1.0
 
 
