@@ -78,7 +78,6 @@ def test_a_wrong_realignment_is_outside_the_tolerance():
     assert _relative(start, unaligned[-1], reference[-1]) > RELATIVE_TOLERANCE
 
 
-
 # Fira's complement (its limiter's reference: the refresh's own complement), and PLUMAGE's sampled rows moved at the
 # kept rows' step size (sampled_step="norm_matched", restarted at each refresh), each with Fira's limiter
 LIMITED = {
