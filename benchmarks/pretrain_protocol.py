@@ -322,6 +322,21 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "galore8bit_recipe_gram_ratio2_fira": ("galore_adamw8bit", [
         "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", "--residual", "norm_matched",
         "--residual_scale", "1"], (1e-2, 7e-3, 1.4e-2)),
+    # Adafactor with a first moment (β1 = 0.9, as GaLore ran it; an lr turns the relative step and the parameter
+    # scaling off, as transformers advises): GaLore's recipe; plumage_adafactor's default (PLUMAGE's draws, κ = 1, cap
+    # 1, the complement on 10 updates after a refresh, scale 1, at one lr: H10 with mv realignment) and the paper's
+    # estimator; and the AdamW default's large-batch recipe (top-r basis through the Gram, scale 0.25, the regular
+    # group at 2x), without and with Fira's complement
+    "galore_adafactor_recipe": ("galore_adafactor", ["--beta1", "0.9", "--galore_scale", "0.25"],
+                                (5e-3, 1e-2, 3e-3, 2e-2)),
+    "plumage_adafactor_default": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0", "--pool_bf16",
+                                                        *plumage_flags(**H10)], (5e-3, 1e-2, 3e-3, 2e-3)),
+    "plumage_adafactor_paper": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0", *PAPER],
+                                (1e-3, 3e-4, 3e-3)),
+    **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
+        "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
+        (5e-3, 1e-2, 3e-3)) for name, complement in (("", []), ("_fira", ["--residual", "norm_matched",
+                                                                          "--residual_scale", "1"]))},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
