@@ -13,11 +13,14 @@ COMPLEMENT = {"residual_limiter": "fira", "residual_scale": 1.0, "residual_cap":
 
 
 def plumage_flags(**options) -> list[str]:
-    """torchrun_main.py flags for the paper's estimator with `options` changed (bools as --key / --no-key)."""
+    """torchrun_main.py flags for the paper's estimator with `options` changed (bools as --key / --no-key; None leaves
+    the key out, for a backend that refuses it: Adafactor takes no row_bias_correction)."""
     complement = COMPLEMENT if options.get("residual", PAPER["residual"]) != "none" else {}
     chosen = {**PAPER, **complement, **options}  # a merge keeps each key where it first came: PAPER's order, then these
     flags = []
     for key, value in chosen.items():
+        if value is None:
+            continue
         if isinstance(value, bool):
             flags.append(f"--{key}" if value else f"--no-{key}")
         else:

@@ -330,8 +330,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "galore_adafactor_recipe": ("galore_adafactor", ["--beta1", "0.9", "--galore_scale", "0.25"],
                                 (5e-3, 1e-2, 3e-3, 2e-2)),
     "plumage_adafactor_default": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0", "--pool_bf16",
-                                                        *plumage_flags(**H10)], (5e-3, 1e-2, 3e-3, 2e-3)),
-    "plumage_adafactor_paper": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0", *PAPER],
+                                                        *plumage_flags(**H10, row_bias_correction=None)],
+                                  (5e-3, 1e-2, 3e-3, 2e-3)),
+    "plumage_adafactor_paper": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0",
+                                                      *plumage_flags(row_bias_correction=None)],
                                 (1e-3, 3e-4, 3e-3)),
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
