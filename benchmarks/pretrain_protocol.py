@@ -335,6 +335,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "plumage_adafactor_paper": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0",
                                                       *plumage_flags(row_bias_correction=None)],
                                 (1e-3, 3e-4, 3e-3)),
+    # ... PLUMAGE's draws (the default's) at the recipe's scale 0.25 with the regular group at 2x
+    "plumage_adafactor_draws_recipe_ratio2": ("plumage_adafactor", [
+        "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2",
+        *plumage_flags(**H10, row_bias_correction=None)], (5e-3, 1e-2, 3e-3)),
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
         (5e-3, 1e-2, 3e-3)) for name, complement in (("", []), ("_fira", ["--residual", "norm_matched",
