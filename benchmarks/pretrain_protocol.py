@@ -323,10 +323,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
         "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", "--residual", "norm_matched",
         "--residual_scale", "1"], (1e-2, 7e-3, 1.4e-2)),
     # Adafactor with a first moment (β1 = 0.9, as GaLore ran it; an lr turns the relative step and the parameter
-    # scaling off, as transformers advises): GaLore's recipe; plumage_adafactor's default (PLUMAGE's draws, κ = 1, cap
-    # 1, the complement on 10 updates after a refresh, scale 1, at one lr: H10 with mv realignment) and the paper's
-    # estimator; and the AdamW default's large-batch recipe (top-r basis through the Gram, scale 0.25, the regular
-    # group at 2x), without and with Fira's complement
+    # scaling off, as transformers advises): GaLore's recipe; plumage_adafactor's default until session 42 (PLUMAGE's
+    # draws, κ = 1, cap 1, the complement on 10 updates after a refresh, scale 1, at one lr: H10 with mv realignment)
+    # and the paper's estimator; and the AdamW default's large-batch recipe (top-r basis through the Gram, scale 0.25,
+    # the regular group at 2x), without and with Fira's complement
     "galore_adafactor_recipe": ("galore_adafactor", ["--beta1", "0.9", "--galore_scale", "0.25"],
                                 (5e-3, 1e-2, 3e-3, 2e-2)),
     "plumage_adafactor_default": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0", "--pool_bf16",
@@ -335,7 +335,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "plumage_adafactor_paper": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0",
                                                       *plumage_flags(row_bias_correction=None)],
                                 (1e-3, 3e-4, 3e-3)),
-    # ... PLUMAGE's draws (the default's) at the recipe's scale 0.25 with the regular group at 2x
+    # ... PLUMAGE's draws at the recipe's scale 0.25 with the regular group at 2x: plumage_adafactor's since session 42
     "plumage_adafactor_draws_recipe_ratio2": ("plumage_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2",
         *plumage_flags(**H10, row_bias_correction=None)], (5e-3, 1e-2, 3e-3)),

@@ -4,7 +4,8 @@ Names, for each backend b in adamw, adamw8bit, adafactor, sgdm:
     b            full-rank (no projection)           galore_b   svd projector, no realignment
     plumage_b    the library's recommended setting, its class's: for adamw and adamw8bit since session 17 the svd
                  projector with v_floor "m2" (the protocol's best), for adafactor the plumage projector with realign
-                 mv, for sgdm the plumage projector (the paper's estimator) with realign m
+                 mv (its draws before every update, scale 0.25 since session 42), for sgdm the plumage projector (the
+                 paper's estimator) with realign m
     flora_b      random projector, realign m
 and `<name>_per_layer` for each (weights step inside their gradient hooks). galore-torch's names keep
 working: adam, adam8bit, adafactor, sgd, galore_adamw, galore_adamw8bit, galore_adafactor,
@@ -121,9 +122,12 @@ def recommended_lr(spec: OptimizerSpec, preset: str | None = None) -> float:
 # The regular group's (embeddings, norms, head) peak lr as a multiple of `lr` when torchrun_main.py pretrains: the
 # protocol's best for plumage_adamw on every shape larger than llama_tiny and level on llama_tiny (docs/results.md §3,
 # sessions 32-33); plumage_adamw8bit's since session 36, with the floor's warm-up below (+0.012 and +0.026 alone,
-# session 34). One lr (1) for every other name, as galore-torch; the Python API (build_optimizer, the classes, the
-# HF Trainer) keeps one lr too unless regular_lr is given: the ratio was measured in pretraining only.
-PRETRAIN_REGULAR_LR_RATIO: dict[tuple[str, str], float] = {("plumage", "adamw"): 2.0, ("plumage", "adamw8bit"): 2.0}
+# session 34); plumage_adafactor's since session 42, with scale 0.25 on its draws (+0.102 over GaLore's Adafactor
+# recipe, three seeds, where at one lr and scale 1 it trailed it). One lr (1) for every other name, as galore-torch;
+# the Python API (build_optimizer, the classes, the HF Trainer) keeps one lr too unless regular_lr is given: the ratio
+# was measured in pretraining only.
+PRETRAIN_REGULAR_LR_RATIO: dict[tuple[str, str], float] = {("plumage", "adamw"): 2.0, ("plumage", "adamw8bit"): 2.0,
+                                                           ("plumage", "adafactor"): 2.0}
 
 
 def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None) -> float:

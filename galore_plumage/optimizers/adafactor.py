@@ -180,7 +180,12 @@ class GaLoreAdafactor(LowRankOptimizer):
 
 
 class PlumageAdafactor(LowRankOptimizer):
-    """Adafactor on PLUMAGE's projection; the factored second moment is transported exactly."""
+    """Adafactor on PLUMAGE's projection; the factored second moment is transported exactly.
+
+    PLUMAGE's draws before every update (the plumage_* options: κ = 1, 1/p capped at 1, the complement on the 10
+    updates after a refresh) at GaLore's scale 0.25 since session 42: at scale 1 it trailed GaLore's Adafactor recipe
+    on the fair protocol, at 0.25 (with the regular group at 2x in pretraining, PRETRAIN_REGULAR_LR_RATIO) it leads it
+    and GaLore's top-r basis at the same settings (docs/results.md §3, session 42)."""
 
     backend = AdafactorBackend()
-    class_defaults = PLUMAGE_DEFAULTS
+    class_defaults = {**PLUMAGE_DEFAULTS, "scale": 0.25}

@@ -386,7 +386,9 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
     current = dataclasses.asdict(config)
     conflicts = []
     derived = {spec.name for spec in dataclasses.fields(config) if spec.metadata.get("derived")}
-    for key in sorted(saved.keys() & current.keys() - may_change - {"low_rank"}):
+    # --regular_lr_ratio only derives regular_lr, which is compared: a checkpoint that left it out (one lr, where the
+    # optimizer's default has since become 2x) resumes as it ran with --regular_lr_ratio 1
+    for key in sorted(saved.keys() & current.keys() - may_change - {"low_rank", "regular_lr_ratio"}):
         if saved[key] != current[key]:
             name = "processes (WORLD_SIZE)" if key == "world_size" else key if key in derived else f"--{key}"
             # a run before session 33 had one lr where plumage_adamw's default now sets the regular group's

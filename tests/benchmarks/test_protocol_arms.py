@@ -1,6 +1,6 @@
 """pretrain_protocol's arms as torchrun_main.py reads them: every arm's command parses (a flag a backend refuses fails
-here, not an hour into a sweep), and the arm that measures plumage_adafactor's default builds the optimizer that the
-bare name builds."""
+here, not an hour into a sweep), and the arms that measure plumage_adafactor's settings (its default since and until
+session 42, the top-r basis beside it) train as the bare name does with them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -28,15 +29,37 @@ def test_every_arm_parses(label, tmp_path):
     assert config.optimizer == optimizer and config.lr == lrs[0]
 
 
-def _low_rank_group(argv: list[str]) -> dict:
-    optimizer = make_optimizer(parse_config(argv), _model())
-    (group,) = [g for g in optimizer.param_groups if "rank" in g]
-    return {key: value for key, value in group.items() if key != "params"}
+def _trained(argv: list[str]) -> tuple[list[torch.Tensor], list[float]]:
+    """The weights after 5 updates (refreshes at 1, 3 and 5) of the optimizer argv builds, and its groups' lrs."""
+    model = _model()
+    optimizer = make_optimizer(parse_config(argv), model)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        for param in model.parameters():
+            if param.requires_grad:
+                param.grad = torch.randn(param.shape, generator=generator)
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()], [g["lr"] for g in optimizer.param_groups]
 
 
-def test_the_adafactor_default_arm_is_plumage_adafactors_default():
-    optimizer, extra, _ = pretrain_protocol.ARMS["plumage_adafactor_default"]
-    arm = _low_rank_group(["--optimizer", optimizer, *with_family_pins(optimizer, extra), "--lr", "1e-2"])
-    bare = _low_rank_group(["--optimizer", "plumage_adafactor", "--beta1", "0.9", "--lr", "1e-2"])
-    assert arm == bare
-    assert arm["projector"] == "plumage" and arm["resample_every"] == 1 and arm["residual"] == "norm_matched"
+def _arm(label: str) -> list[str]:
+    optimizer, extra, _ = pretrain_protocol.ARMS[label]
+    return ["--optimizer", optimizer, *with_family_pins(optimizer, extra)]
+
+
+@pytest.mark.parametrize(("label", "bare"), [
+    # plumage_adafactor's default since session 42: PLUMAGE's draws at scale 0.25, the regular group at 2x
+    ("plumage_adafactor_draws_recipe_ratio2", ["--optimizer", "plumage_adafactor", "--beta1", "0.9"]),
+    # its default until then: the same draws at scale 1, one lr
+    ("plumage_adafactor_default", ["--optimizer", "plumage_adafactor", "--beta1", "0.9", "--galore_scale", "1",
+                                   "--regular_lr_ratio", "1"]),
+    # GaLore's top-r basis at the default's scale and lrs, through the Gram
+    ("galore_adafactor_recipe_gram_ratio2", ["--optimizer", "plumage_adafactor", "--beta1", "0.9", "--projector", "svd",
+                                             "--realign", "none", "--solver", "gram", "--residual", "none"]),
+])
+def test_an_adafactor_arm_trains_as_the_setting_it_measures(label, bare):
+    common = ["--lr", "1e-2", "--rank", "4", "--update_proj_gap", "2"]
+    (arm_weights, arm_lrs), (bare_weights, bare_lrs) = _trained(_arm(label) + common), _trained(bare + common)
+    assert arm_lrs == bare_lrs
+    assert all(torch.equal(a, b) for a, b in zip(arm_weights, bare_weights, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(arm_weights, _model().parameters(), strict=True))

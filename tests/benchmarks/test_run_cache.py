@@ -62,7 +62,7 @@ def test_a_plumage_run_recorded_before_its_family_was_pinned_is_reused_only_at_t
                         report_only=True) is None
     # the pins: Adam backends get the floor and its horizon, the others neither (they refuse them); an arm's own
     # value stays
-    assert family_pins("plumage_adafactor") == ["--projector", "plumage", "--solver", "svd"]
+    assert family_pins("plumage_adafactor", pretraining=False) == ["--projector", "plumage", "--solver", "svd"]
     assert family_pins("plumage_adamw8bit_per_layer", pretraining=False)[-6:] == [
         "--v_floor", "none", "--v_floor_horizon", "none", "--solver", "svd"]
     assert family_pins("galore_adamw") == []
@@ -71,9 +71,11 @@ def test_a_plumage_run_recorded_before_its_family_was_pinned_is_reused_only_at_t
         "--regular_lr_ratio", "1"]
     horizon = [*old[:6], "--projector", "plumage", "--v_floor", "none", "--v_floor_horizon", "200", *old[6:]]
     assert run_or_reuse(horizon, out, _result, "arm", report_only=True) is None
-    # the ratio: only plumage_adamw(8bit)'s default is not one lr, only torchrun_main.py takes it, and --regular_lr replaces it
-    assert "--regular_lr_ratio" not in family_pins("plumage_adamw8bit", pretraining=False) + family_pins("plumage_adafactor")
+    # the ratio: only plumage_adamw(8bit)'s and plumage_adafactor's default is not one lr, only torchrun_main.py takes
+    # it, and --regular_lr replaces it
+    assert "--regular_lr_ratio" not in family_pins("plumage_adamw8bit", pretraining=False) + family_pins("plumage_sgdm")
     assert family_pins("plumage_adamw8bit")[-2:] == ["--regular_lr_ratio", "1"]  # 2x since session 36
+    assert family_pins("plumage_adafactor")[-2:] == ["--regular_lr_ratio", "1"]  # 2x since session 42
     assert with_family_pins("plumage_adamw", ["--regular_lr", "2e-2"])[-2:] == ["--solver", "svd"]
     ratio_pinned = [*old[:6], "--projector", "plumage", "--regular_lr_ratio", "2", *old[6:]]
     assert run_or_reuse(ratio_pinned, out, _result, "arm", report_only=True) is None

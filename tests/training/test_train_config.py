@@ -413,6 +413,21 @@ def test_a_large_batch_8bit_checkpoint_from_before_session_41_resumes_with_its_f
     assert resume_conflicts(saved, as_it_ran) == []
 
 
+def test_an_adafactor_checkpoint_from_before_session_42_resumes_at_one_lr():
+    """plumage_adafactor pretrained at one lr until session 42: the conflict names the flag that resumes such a run as
+    it ran, and that flag clears it (its low-rank settings come back with the optimizer's state)."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    adafactor = ["--optimizer", "plumage_adafactor", "--lr", "1e-2"]
+    saved = asdict(parse_config([*adafactor, "--regular_lr_ratio", "1"]))
+    saved["regular_lr_ratio"] = None  # not given then: one lr was the default
+    (conflict,) = resume_conflicts(saved, parse_config(adafactor))
+    assert conflict == "--regular_lr 0.02 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
+    assert resume_conflicts(saved, parse_config([*adafactor, "--regular_lr_ratio", "1"])) == []
+
+
 def test_a_checkpoint_from_before_the_horizon_resumes_with_m2s_own_warm_up():
     """A plumage_adamw run saved before session 36 warmed its floor up over ~1000 updates (no horizon in its options);
     the conflict names the flag that resumes it as it was, and that flag clears it."""
