@@ -122,8 +122,8 @@ def recommended_lr(spec: OptimizerSpec, preset: str | None = None) -> float:
 # The regular group's (embeddings, norms, head) peak lr as a multiple of `lr` when torchrun_main.py pretrains: the
 # protocol's best for plumage_adamw on every shape larger than llama_tiny and level on llama_tiny (docs/results.md §3,
 # sessions 32-33); plumage_adamw8bit's since session 36, with the floor's warm-up below (+0.012 and +0.026 alone,
-# session 34); plumage_adafactor's since session 42, with scale 0.25 on its draws (+0.102 over GaLore's Adafactor
-# recipe, three seeds, where at one lr and scale 1 it trailed it). One lr (1) for every other name, as galore-torch;
+# session 34); plumage_adafactor's since session 42, with scale 0.25 on its draws (+0.108 over GaLore's Adafactor
+# recipe, five seeds, where at one lr and scale 1 it trailed it). One lr (1) for every other name, as galore-torch;
 # the Python API (build_optimizer, the classes, the HF Trainer) keeps one lr too unless regular_lr is given: the ratio
 # was measured in pretraining only.
 PRETRAIN_REGULAR_LR_RATIO: dict[tuple[str, str], float] = {("plumage", "adamw"): 2.0, ("plumage", "adamw8bit"): 2.0,
