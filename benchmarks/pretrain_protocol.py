@@ -41,6 +41,8 @@ GAPS = (("", []), ("_gap200", ["--update_proj_gap", "200"]))  # (label suffix, f
 # steady limiter, each column capped at half the basis's step, on the first 10 updates after a refresh
 H10 = dict(max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
            residual_cap=0.5, residual_horizon=10)
+# plumage_adafactor's draws as H10 sets them (Adafactor refuses row_bias_correction, an AdamW option: left out)
+ADAFACTOR_DRAWS = plumage_flags(**H10, row_bias_correction=None)
 # label -> (optimizer, extra flags, lr grid, run in this order: the likeliest best first). Every arm names its scale
 # and its PLUMAGE options, so an arm does not move when a default changes. Grids were widened where the best lr fell
 # on an edge of the first one, and refined between 3e-3 and 1e-2 for GaLore and the default (5e-3 and 7e-3): at 5e-3
@@ -330,7 +332,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "galore_adafactor_recipe": ("galore_adafactor", ["--beta1", "0.9", "--galore_scale", "0.25"],
                                 (5e-3, 1e-2, 3e-3, 2e-2)),
     "plumage_adafactor_default": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0", "--pool_bf16",
-                                                        *plumage_flags(**H10, row_bias_correction=None)],
+                                                        *ADAFACTOR_DRAWS],
                                   (5e-3, 1e-2, 3e-3, 2e-3)),
     "plumage_adafactor_paper": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0",
                                                       *plumage_flags(row_bias_correction=None)],
@@ -338,7 +340,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # ... PLUMAGE's draws at the recipe's scale 0.25 with the regular group at 2x: plumage_adafactor's since session 42
     "plumage_adafactor_draws_recipe_ratio2": ("plumage_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2",
-        *plumage_flags(**H10, row_bias_correction=None)], (5e-3, 1e-2, 3e-3)),
+        *ADAFACTOR_DRAWS], (5e-3, 1e-2, 3e-3)),
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
         (5e-3, 1e-2, 3e-3)) for name, complement in (("", []), ("_fira", ["--residual", "norm_matched",
