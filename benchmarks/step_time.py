@@ -227,6 +227,10 @@ def candidates() -> list[Candidate]:
             label = f"ours plumage_{backend} large-batch pretraining default (no floor, complement) / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(
                 backend, v_floor="none", **PRETRAIN_COMPLEMENT[("plumage", backend)][1])))
+            # ... its complement one weight at a time (on a GPU, what it ran before foreach took the complement in)
+            label = f"ours plumage_{backend} large-batch pretraining default, one by one (foreach off) / {backend}"
+            result.append(Candidate(label, backend, True, plumage_adam_default_build(
+                backend, v_floor="none", foreach=False, **PRETRAIN_COMPLEMENT[("plumage", backend)][1])))
         for solver in ("svd", "gram"):
             label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))

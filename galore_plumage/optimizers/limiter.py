@@ -22,3 +22,14 @@ def growth_factor(size: torch.Tensor, state: dict, key: str) -> torch.Tensor:
         factor = torch.where((limit > 0) & (size > limit), limit / size, factor)
     state[key] = (size * factor).detach().reshape(())
     return factor
+
+
+def growth_factors(sizes: list[torch.Tensor], states: list[dict], key: str) -> torch.Tensor:
+    """growth_factor of several weights at once (each state holding its previous size under `key`), the same numbers
+    in a fixed number of kernels: a vector of factors, one per weight; each state records its own limited size."""
+    size = torch.stack(sizes)
+    limit = GROWTH_LIMIT * torch.stack([state[key].to(sizes[0]) for state in states])
+    factor = torch.where((limit > 0) & (size > limit), limit / size, torch.ones_like(size))
+    for state, limited in zip(states, torch._foreach_mul(sizes, list(factor.unbind())), strict=True):
+        state[key] = limited.detach()  # one tensor per weight (never views of one vector: each is saved on its own)
+    return factor

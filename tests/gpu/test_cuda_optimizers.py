@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from galore_plumage.optimizers import PLUMAGE_SAMPLED
+from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_SAMPLED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from device_helpers import (  # noqa: E402
@@ -134,13 +134,16 @@ def test_batched_refreshes_on_cuda_match_one_by_one():
     assert relative_difference(run(4), run(1)) < FP32_RTOL
 
 
-@pytest.mark.parametrize("option", ["foreach", "compile_update"])
-def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option):
+@pytest.mark.parametrize("option, extra", [("foreach", {}), ("compile_update", {}),
+                                           ("foreach", {**FIRA_COMPLEMENT, "v_floor": "none"})],
+                         ids=["foreach", "compile_update", "foreach, Fira's complement"])
+def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option, extra):
     """foreach (the group's moments in _foreach kernels) and compile_update (each weight's moments in one Triton
     kernel) on CUDA: their kernels may round as the one-tensor kernels do not (foreach is bit-identical on CPU,
     tests/optimizers/test_multi_tensor.py; compile_update agrees to float32 rounding there,
     tests/optimizers/test_compiled_update.py), so the updates agree to float32 rounding; a steady update waits on the
-    GPU no more than eager one by one (not at all)."""
+    GPU no more than eager one by one (not at all). With Fira's complement (torchrun's large-batch default) foreach
+    also computes the complement's weights together (residual.complement_weights_together)."""
     from galore_plumage import PlumageAdamW
 
     def run(fused, sync_check=False):
@@ -149,7 +152,7 @@ def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option
         start = torch.cat([w.detach().flatten() for w in weights])
         # foreach off unless it is the option tested: left unset it is on on a GPU, and the eager path is the reference
         optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 3, "foreach": False, option: fused,
-                                   "align_signs": True}], weight_decay=0.1)
+                                   "align_signs": True, **extra}], weight_decay=0.1)
         generator = torch.Generator(device="cuda").manual_seed(1)
         for step in range(7):
             for weight in weights:

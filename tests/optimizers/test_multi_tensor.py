@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from galore_plumage import PlumageAdamW, build_optimizer
-from galore_plumage.optimizers import PLUMAGE_PAPER, PLUMAGE_SAMPLED, base
+from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_PAPER, PLUMAGE_SAMPLED, base, multi_tensor
 from galore_plumage.optimizers.multi_tensor import foreach_on
 
 
@@ -50,8 +50,14 @@ SETTINGS = {
     "default": {},  # GaLore's top-r basis with v_floor m2
     "m2_corrected": {"v_floor": "m2_corrected"},
     "paper": {**PLUMAGE_PAPER, "scale": 0.5},  # PLUMAGE's 1/p rescaled rows
-    # draws after every update; the complement on the first 2 updates after a refresh, which step one by one
+    # draws after every update; the complement on the first 2 updates after a refresh (the refresh's own one by one)
     "sampled": {**PLUMAGE_SAMPLED, "residual_horizon": 2},
+    # torchrun's large-batch default: Fira's complement at every update, its limiter referenced on every one
+    "fira_complement": {**FIRA_COMPLEMENT, "v_floor": "none"},
+    # plumage_adamw's own complement: a quarter step, capped, referenced off refreshes, staggered refreshes so that
+    # some weights of a step move it and some do not
+    "capped_complement": {"residual": "norm_matched", "residual_limiter": "steady", "residual_scale": 0.25,
+                          "residual_cap": 0.5, "residual_horizon": 3, "stagger": True},
     "random": {"projector": "random", "realign": "m", "v_floor": "none"},
     "no_bias_correction": {"correct_bias": False},
 }
@@ -65,7 +71,8 @@ def test_taken_together_trains_exactly_as_one_by_one(options, monkeypatch):
                         or real(opt, group, params, after))
     together, together_optimizer = train(True, resting=2, **options)
     single, single_optimizer = train(False, resting=2, **options)
-    assert calls and max(calls) == 7 and min(calls) >= 2, calls  # every weight of the group, or those not refreshing
+    # every weight of the group, or those not refreshing (staggered: one or two refresh at most steps)
+    assert calls and max(calls) >= (5 if options.get("stagger") else 7) and min(calls) >= 2, calls
     for a, b in zip(together.parameters(), single.parameters(), strict=True):
         assert torch.equal(a, b)
     for a, b in zip(together.parameters(), single.parameters(), strict=True):
@@ -77,6 +84,21 @@ def test_taken_together_trains_exactly_as_one_by_one(options, monkeypatch):
             elif key != "projector":
                 assert value == state_b[key], key
     assert together_optimizer.projector_stats() == single_optimizer.projector_stats()
+
+
+@pytest.mark.parametrize("name", ["fira_complement", "capped_complement"])
+def test_the_complement_is_moved_together_also_where_only_some_weights_move_it(name, monkeypatch):
+    calls = []  # [weights taken together, how many of them move the complement] at each step_together
+    real_step, real_weights = base.step_together, multi_tensor.complement_weights_together
+    monkeypatch.setattr(base, "step_together", lambda opt, group, params, after: calls.append([len(params), 0])
+                        or real_step(opt, group, params, after))
+    monkeypatch.setattr(multi_tensor, "complement_weights_together", lambda directions, *args, **kwargs: calls[-1].
+                        __setitem__(1, len(directions)) or real_weights(directions, *args, **kwargs))
+    train(True, resting=2, **SETTINGS[name])
+    if name == "fira_complement":  # every update moves it, so every weight taken together does
+        assert calls and all(moving == taken for taken, moving in calls), calls
+    else:  # a horizon of 3 with staggered refreshes: some steps move it for part of the weights only
+        assert any(0 < moving < taken for taken, moving in calls), calls
 
 
 class CountKernels(TorchDispatchMode):
