@@ -3,7 +3,8 @@
 # the CUDA timings with the GPU to themselves. Every part is bounded by a deadline in seconds from the start, and the
 # results are archived into $OUT/results.tgz after each part, so a part cut off leaves the others.
 #
-#   bash scripts/gpu_check.sh            # on the device: run(command="bash scripts/gpu_check.sh", carry=[".whl", "data", "runs/gpu60m"])
+#   bash scripts/gpu_check.sh   # on the device: run(command="bash scripts/gpu_check.sh", carry=[".whl", "data/shakespeare",
+#                               #   "data/tokenizers", "runs/gpu60m"]) (docs/gpu_runbook.md §1)
 #
 # Settings (environment): TRAIN and TRAIN2 (the protocol's arms and lrs, two calls side by side; TRAIN2= skips it),
 # TRAIN_END (s; the timings start then), END (s; the last part ends by then), SIZES (step_time's, space-separated,
@@ -14,20 +15,18 @@
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
 export PYTHONPATH=$PWD/.whl/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:?set by the device tool}
-END=${END:-560}; TRAIN_END=${TRAIN_END:-430}; DEV=${DEV:-cuda}
+END=${END:-560}; TRAIN_END=${TRAIN_END:-440}; DEV=${DEV:-cuda}
 MODEL=${MODEL:-configs/llama_60m.json}; STEPS=${STEPS:-1000}; BATCH=${BATCH:-64}; LEN=${LEN:-256}; EVERY=${EVERY:-100}
 EVAL_TOKENS=${EVAL_TOKENS:-200000}; GAP=${GAP:-200}; PROJ_RANK=${PROJ_RANK:-128}; MB=${MB:-60}
 SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MODEL_SIZES_7B:-7b}
-# plumage_adamw's pretraining default at this shape since session 38 (no floor, 2x, Fira's complement:
-# galore_recipe_gram_ratio2_fira, the same flags) at 1e-2 over three seeds against GaLore's recipe and
-# session 37's default (no complement), both reused at 1e-2; beside them (TRAIN2) on seed 0 the same at 2e-2, 8-bit
-# AdamW (GaLore's 8-bit recipe and plumage_adamw8bit's large-batch default since session 41, the same as float32's,
-# at 1e-2) and Adafactor (GaLore's recipe at 1e-2; plumage_adafactor's default since session 42, PLUMAGE's draws at
-# scale 0.25 with the regular group at 2x, at 1e-2 and 2e-2: on the CPU it took a higher lr than GaLore's). Nine new
-# runs, all at once (session 37: seven took 333 s in two waves).
-TRAIN=${TRAIN:---arms galore_recipe,galore_recipe_gram_ratio2,galore_recipe_gram_ratio2_fira --pin_lr galore_recipe=1e-2,galore_recipe_gram_ratio2=1e-2,galore_recipe_gram_ratio2_fira=1e-2 --seeds 0,1,2 --jobs 3}
-TRAIN2=${TRAIN2---arms galore8bit_recipe,galore8bit_recipe_gram_ratio2_fira,galore_recipe_gram_ratio2_fira,galore_adafactor_recipe,plumage_adafactor_draws_recipe_ratio2 --pin_lr galore8bit_recipe=1e-2,galore8bit_recipe_gram_ratio2_fira=1e-2,galore_recipe_gram_ratio2_fira=2e-2,galore_adafactor_recipe=1e-2 --lr_grid plumage_adafactor_draws_recipe_ratio2=1e-2:2e-2 --seeds 0 --jobs 6}
-ROWS="plumage_adamw default,large-batch pretraining default,ours plumage (gram64),ours plumage (svd),ours svd (gram)"
+# Session 43 ran the large-batch defaults here (float32 three seeds, 8-bit seed 0, docs/results.md §3); next: 8-bit's
+# seeds 1-2 for both arms at 1e-2 (TRAIN2), and plumage_adafactor's default (PLUMAGE's draws at scale 0.25, the regular
+# group at 2x) to the end of a run at 1e-2 against GaLore's Adafactor recipe (reused at 1e-2), beside the float32
+# large-batch default at 5e-3 (its lr bracketed below; TRAIN). Five new runs. The draws step ~2x slower than the others
+# here (session 43: 500 updates in the time nine runs side by side took for 1000), so they go first and fewer run beside.
+TRAIN=${TRAIN:---arms galore_adafactor_recipe,plumage_adafactor_draws_recipe_ratio2,galore_recipe_gram_ratio2_fira --pin_lr galore_adafactor_recipe=1e-2,plumage_adafactor_draws_recipe_ratio2=1e-2,galore_recipe_gram_ratio2_fira=5e-3 --seeds 0 --jobs 3}
+TRAIN2=${TRAIN2---arms galore8bit_recipe,galore8bit_recipe_gram_ratio2_fira --pin_lr galore8bit_recipe=1e-2,galore8bit_recipe_gram_ratio2_fira=1e-2 --seeds 0,1,2 --jobs 4}
+ROWS="plumage_adamw default,large-batch pretraining default,draws, κ = 1 (gram),ours plumage (gram64),ours plumage (svd),ours svd (gram)"
 W=/tmp/gpu_check; mkdir -p $W
 log() { echo "[$SECONDS s] $*" | tee -a $W/timeline.txt; }
 left() { local t=$(( $1 - SECONDS )); [ $t -gt $2 ] && t=$2; [ $t -lt 1 ] && t=1; echo $t; }
