@@ -15,11 +15,8 @@ def growth_factor(size: torch.Tensor, state: dict, key: str) -> torch.Tensor:
     """The factor (a 0-d tensor, <= 1) that keeps `size` within GROWTH_LIMIT x `state[key]`; records the limited size
     under `key`. Tensor ops only: no host synchronisation in a steady step. A zero previous size limits nothing: it
     would hold the step at zero for good."""
-    factor = torch.ones_like(size)
     previous = state.get(key)
-    if previous is not None:
-        limit = GROWTH_LIMIT * previous.to(size)
-        factor = torch.where((limit > 0) & (size > limit), limit / size, factor)
+    factor = torch.ones_like(size) if previous is None else _within_limit(size, previous.to(size))
     state[key] = (size * factor).detach().reshape(())
     return factor
 
@@ -27,9 +24,14 @@ def growth_factor(size: torch.Tensor, state: dict, key: str) -> torch.Tensor:
 def growth_factors(sizes: list[torch.Tensor], states: list[dict], key: str) -> torch.Tensor:
     """growth_factor of several weights at once (each state holding its previous size under `key`), the same numbers
     in a fixed number of kernels: a vector of factors, one per weight; each state records its own limited size."""
-    size = torch.stack(sizes)
-    limit = GROWTH_LIMIT * torch.stack([state[key].to(sizes[0]) for state in states])
-    factor = torch.where((limit > 0) & (size > limit), limit / size, torch.ones_like(size))
+    factor = _within_limit(torch.stack(sizes), torch.stack([state[key].to(sizes[0]) for state in states]))
     for state, limited in zip(states, torch._foreach_mul(sizes, list(factor.unbind())), strict=True):
         state[key] = limited.detach()  # one tensor per weight (never views of one vector: each is saved on its own)
     return factor
+
+
+def _within_limit(size: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+    """The factor that scales `size` down to GROWTH_LIMIT x `previous` where it is above (1 elsewhere, and where the
+    previous size is zero)."""
+    limit = GROWTH_LIMIT * previous
+    return torch.where((limit > 0) & (size > limit), limit / size, torch.ones_like(size))

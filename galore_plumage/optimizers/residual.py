@@ -65,6 +65,23 @@ def residual_rule(group: dict, projector_cls) -> str:
     return value if fits or value != PLUMAGE_RESIDUAL else "none"
 
 
+def column_weights(z_norm: torch.Tensor, r_norm_sq: torch.Tensor, grad_norm: torch.Tensor | None,
+                   cap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """φ_j = ‖Z_j‖ / ‖R_j‖ (capped by `cap`) and ‖G⊥_j‖² from the columns' norms (elementwise, so any layout of
+    columns, one weight's or several concatenated, gives the same numbers); ‖G⊥‖² is None without `grad_norm`."""
+    r_norm = r_norm_sq.sqrt()
+    # a column with no gradient in the basis gives no step size to copy: its complement does not move (0 · ∞ is NaN)
+    phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
+    outside_sq = None
+    if grad_norm is not None:
+        # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
+        outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
+    if cap is not None:
+        ratio = cap * r_norm / outside_sq.sqrt().clamp_min(torch.finfo(r_norm.dtype).tiny)  # ‖G⊥_j‖ = 0: no cap needed
+        phi = phi * ratio.clamp(max=1.0)
+    return phi, outside_sq
+
+
 def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: torch.Tensor, mode: int, state: dict,
                        total: Callable[[torch.Tensor], torch.Tensor] = lambda x: x, unit: float = 1.0,
                        fitted: bool = False, limiter: str = "fira", cap: float | None = None) -> torch.Tensor:
@@ -79,17 +96,11 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
     goes stale and the gradient leaves it."""
     z_norm = direction.norm(dim=mode, keepdim=True)
     r_norm_sq = low_grad.square().sum(dim=mode, keepdim=True)
-    r_norm = r_norm_sq.sqrt()
-    # a column with no gradient in the basis gives no step size to copy: its complement does not move (0 · ∞ is NaN)
-    phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
     unreferenced = fitted and limiter == "steady"
+    grad_norm = None
     if cap is not None or not unreferenced:  # ‖G⊥‖ is needed (one pass over G, skipped when nothing reads it)
-        # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
         grad_norm = torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)  # no temporary
-        outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
-    if cap is not None:
-        ratio = cap * r_norm / outside_sq.sqrt().clamp_min(torch.finfo(r_norm.dtype).tiny)  # ‖G⊥_j‖ = 0: no cap needed
-        phi = phi * ratio.clamp(max=1.0)
+    phi, outside_sq = column_weights(z_norm, r_norm_sq, grad_norm, cap)
     if unreferenced:
         # no reference from this update; a zero one (the first update's) limits nothing and keeps the state's layout
         state.setdefault("residual_norm", torch.zeros((), dtype=phi.dtype, device=phi.device))
@@ -113,13 +124,7 @@ def complement_weights_together(directions: list[torch.Tensor], low_grads: list[
                  for grad, low_grad, mode in zip(grads, low_grads, modes, strict=True)]
     shapes, lengths = [norm.shape for norm in z_norm], [norm.numel() for norm in z_norm]
     z_norm, r_norm_sq, grad_norm = (torch.cat([t.reshape(-1) for t in ts]) for ts in (z_norm, r_norm_sq, grad_norm))
-    # from here on complement_weights' arithmetic, element for element, on the columns of every weight
-    r_norm = r_norm_sq.sqrt()
-    phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
-    outside_sq = (grad_norm.square() - r_norm_sq).clamp_min(0)
-    if cap is not None:
-        ratio = cap * r_norm / outside_sq.sqrt().clamp_min(torch.finfo(r_norm.dtype).tiny)
-        phi = phi * ratio.clamp(max=1.0)
+    phi, outside_sq = column_weights(z_norm, r_norm_sq, grad_norm, cap)  # elementwise: every weight's columns at once
     moved_sq = phi.square() * outside_sq
     sizes = torch._foreach_div(torch._foreach_sqrt([part.sum() for part in moved_sq.split(lengths)]), unit)
     factors = growth_factors(sizes, states, "residual_norm").unbind()
