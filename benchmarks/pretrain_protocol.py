@@ -341,6 +341,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "plumage_adafactor_draws_recipe_ratio2": ("plumage_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2",
         *ADAFACTOR_DRAWS], (5e-3, 1e-2, 3e-3)),
+    # ... drawn again every κ updates instead of before each (session 43: on a GPU a draw is launch-bound, and at
+    # llama_60m the draws before every update ran at half the others' updates a second)
+    **{f"plumage_adafactor_draws_recipe_ratio2_every{every}": ("plumage_adafactor", [
+        "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2",
+        *plumage_flags(**{**H10, "resample_every": every}, row_bias_correction=None)], (1.4e-2, 1e-2))
+       for every in (5, 20)},
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
         (5e-3, 1e-2, 3e-3)) for name, complement in (("", []), ("_fira", ["--residual", "norm_matched",
