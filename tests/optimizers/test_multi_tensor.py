@@ -116,11 +116,11 @@ class CountKernels(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def elementwise_kernels_of_a_steady_step(square: int, foreach: bool) -> int:
+def elementwise_kernels_of_a_steady_step(square: int, foreach: bool, **options) -> int:
     torch.manual_seed(0)
     layer = Layer(square)
     optimizer = PlumageAdamW([{"params": list(layer.square.parameters()), "rank": 6, "update_proj_gap": 50,
-                               "foreach": foreach}], lr=1e-2, weight_decay=0.1)
+                               "foreach": foreach, **options}], lr=1e-2, weight_decay=0.1)
     for _ in range(2):  # a refresh, then a steady update: the moments exist
         for param in layer.square.parameters():
             param.grad = torch.randn_like(param)
@@ -134,6 +134,17 @@ def test_the_elementwise_kernels_of_a_steady_step_do_not_grow_with_the_weights()
     assert elementwise_kernels_of_a_steady_step(8, True) == elementwise_kernels_of_a_steady_step(4, True)
     one_by_one = elementwise_kernels_of_a_steady_step(8, False), elementwise_kernels_of_a_steady_step(4, False)
     assert one_by_one[0] > one_by_one[1] > elementwise_kernels_of_a_steady_step(4, True)
+
+
+def test_the_complement_taken_together_launches_a_quarter_of_the_kernels_a_weight():
+    """What is left per weight with Fira's complement (torchrun's large-batch default): its three norms, two sums and
+    the complement's add-back, at most 10 elementwise kernels, where one by one it launches 40 (on a GPU each costs
+    its launch: a 350M layer's step took 3.9x galore-torch's one by one, docs/step_time_cuda.md)."""
+    complement = {**FIRA_COMPLEMENT, "v_floor": "none"}
+    together = [elementwise_kernels_of_a_steady_step(n, True, **complement) for n in (4, 8)]
+    one_by_one = [elementwise_kernels_of_a_steady_step(n, False, **complement) for n in (4, 8)]
+    per_weight_together, per_weight_alone = (together[1] - together[0]) / 4, (one_by_one[1] - one_by_one[0]) / 4
+    assert per_weight_together <= 10 and per_weight_alone >= 4 * per_weight_together, (together, one_by_one)
 
 
 def test_updates_that_cannot_be_taken_together_step_one_by_one(monkeypatch):
