@@ -26,7 +26,7 @@ SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MOD
 # here (session 43: 500 updates in the time nine runs side by side took for 1000), so they go first and fewer run beside.
 TRAIN=${TRAIN:---arms galore_adafactor_recipe,plumage_adafactor_draws_recipe_ratio2,galore_recipe_gram_ratio2_fira --pin_lr galore_adafactor_recipe=1e-2,plumage_adafactor_draws_recipe_ratio2=1e-2,galore_recipe_gram_ratio2_fira=5e-3 --seeds 0 --jobs 3}
 TRAIN2=${TRAIN2---arms galore8bit_recipe,galore8bit_recipe_gram_ratio2_fira --pin_lr galore8bit_recipe=1e-2,galore8bit_recipe_gram_ratio2_fira=1e-2 --seeds 0,1,2 --jobs 4}
-ROWS="plumage_adamw default,large-batch pretraining default,draws, κ = 1 (gram),ours plumage (gram64),ours plumage (svd),ours svd (gram)"
+ROWS="plumage_adamw default,large-batch pretraining default,κ = 1 (gram),ours plumage (gram64),ours plumage (svd),ours svd (gram)"
 W=/tmp/gpu_check; mkdir -p $W
 log() { echo "[$SECONDS s] $*" | tee -a $W/timeline.txt; }
 left() { local t=$(( $1 - SECONDS )); [ $t -gt $2 ] && t=$2; [ $t -lt 1 ] && t=1; echo $t; }
