@@ -74,7 +74,8 @@ import model_gradients  # noqa: E402  (a sibling script, not a package)
 
 # h, i, rank. "launch": a layer so small that a step costs what its kernels cost to launch, not to run: on one CPU
 # thread, a proxy for a GPU at the model sizes, whose small kernels are launch-bound (session 43: the large-batch
-# default one by one took 3.81x galore-torch's step here, 3.93x on an H200 at 350M; docs/step_time_launch.md)
+# default one by one took 3.0-3.8x galore-torch's step here over three runs, 3.93x on an H200 at 350M;
+# docs/step_time_launch.md)
 SIZES = {"launch": (32, 86, 8), "60m": (512, 1376, 128), "130m": (768, 2048, 256), "350m": (1024, 2736, 256)}
 TAU = 200
 STEADY_GAP = 10**9
@@ -232,8 +233,8 @@ def candidates() -> list[Candidate]:
                 backend, v_floor="none", **PRETRAIN_COMPLEMENT[("plumage", backend)][1])))
             # ... its steady updates, complement included, taken together (foreach auto on a GPU) or one weight at a time
             # (auto on a CPU; on a GPU what it ran before session 43, when foreach left a complement's update out)
-            for name, foreach in (("+ foreach", True), (", one by one (foreach off)", False)):
-                label = f"ours plumage_{backend} large-batch pretraining default {name} / {backend}".replace(" ,", ",")
+            for name, foreach in ((" + foreach", True), (", one by one (foreach off)", False)):
+                label = f"ours plumage_{backend} large-batch pretraining default{name} / {backend}"
                 result.append(Candidate(label, backend, True, plumage_adam_default_build(
                     backend, v_floor="none", foreach=foreach, **PRETRAIN_COMPLEMENT[("plumage", backend)][1])))
         for solver in ("svd", "gram"):
