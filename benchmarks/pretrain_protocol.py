@@ -41,8 +41,17 @@ GAPS = (("", []), ("_gap200", ["--update_proj_gap", "200"]))  # (label suffix, f
 # steady limiter, each column capped at half the basis's step, on the first 10 updates after a refresh
 H10 = dict(max_inv_p=1, resample_every=1, residual="norm_matched", residual_limiter="steady", residual_scale=0.25,
            residual_cap=0.5, residual_horizon=10)
-# plumage_adafactor's draws as H10 sets them (Adafactor refuses row_bias_correction, an AdamW option: left out)
-ADAFACTOR_DRAWS = plumage_flags(**H10, row_bias_correction=None)
+
+
+def adafactor_draws(**overrides) -> list[str]:
+    """plumage_adafactor's draws as H10 sets them, with `overrides` (Adafactor refuses row_bias_correction, an AdamW
+    option: left out)."""
+    return plumage_flags(**{**H10, **overrides}, row_bias_correction=None)
+
+
+ADAFACTOR_DRAWS = adafactor_draws()
+# ... at GaLore's scale 0.25 with the regular group at 2x (plumage_adafactor's default since session 42)
+ADAFACTOR_DRAWS_RECIPE_RATIO2 = ["--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2"]
 # label -> (optimizer, extra flags, lr grid, run in this order: the likeliest best first). Every arm names its scale
 # and its PLUMAGE options, so an arm does not move when a default changes. Grids were widened where the best lr fell
 # on an edge of the first one, and refined between 3e-3 and 1e-2 for GaLore and the default (5e-3 and 7e-3): at 5e-3
@@ -338,15 +347,12 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                                       *plumage_flags(row_bias_correction=None)],
                                 (1e-3, 3e-4, 3e-3)),
     # ... PLUMAGE's draws at the recipe's scale 0.25 with the regular group at 2x: plumage_adafactor's since session 42
-    "plumage_adafactor_draws_recipe_ratio2": ("plumage_adafactor", [
-        "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2",
-        *ADAFACTOR_DRAWS], (5e-3, 1e-2, 3e-3)),
+    "plumage_adafactor_draws_recipe_ratio2": ("plumage_adafactor", [*ADAFACTOR_DRAWS_RECIPE_RATIO2, *ADAFACTOR_DRAWS],
+                                              (5e-3, 1e-2, 3e-3)),
     # ... drawn again every κ updates instead of before each (session 43: on a GPU a draw is launch-bound, and at
     # llama_60m the draws before every update ran at half the others' updates a second)
     **{f"plumage_adafactor_draws_recipe_ratio2_every{every}": ("plumage_adafactor", [
-        "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2",
-        *plumage_flags(**{**H10, "resample_every": every}, row_bias_correction=None)], (1.4e-2, 1e-2))
-       for every in (5, 20)},
+        *ADAFACTOR_DRAWS_RECIPE_RATIO2, *adafactor_draws(resample_every=every)], (1.4e-2, 1e-2)) for every in (5, 20)},
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
         (5e-3, 1e-2, 3e-3)) for name, complement in (("", []), ("_fira", ["--residual", "norm_matched",
