@@ -18,6 +18,14 @@ as a model's does):
                (galore-torch's ortho_matrix is a slice of the full SVD factor) both are shown
     floor      the bare projection matmuls of the seven gradients at the rank, on the smaller side
                (Pᵀ·G or G·Qᵀ, then back): what no low-rank step can beat
+    kernels    the aten operations one steady step dispatches (views left out; a torch._foreach call counted once,
+               as on a GPU it launches one kernel for up to a few hundred tensors), counted with a
+               TorchDispatchMode around a steady step of a copy built for it: where small kernels are launch-bound
+               (a GPU at these sizes) a step's time follows this count more than its arithmetic; "—" for
+               compile_update (torch.compile does not trace under such a mode)
+
+--layers N holds N copies of the layer's seven weights in the one group, as a model's N layers are held (llama_60m
+has 8): what a step of foreach, whose batched calls serve every weight of a group, costs per layer at a model's size.
 
 Optimizers: torch.optim.AdamW; bitsandbytes AdamW8bit; galore-torch GaLoreAdamW, GaLoreAdafactor and
 GaLoreAdamW8bit; ours (optimizer_class(backend) with group keys) for projector svd / random / plumage ×
@@ -37,7 +45,7 @@ and each figure is the median over the reps. Times are time.perf_counter around 
 torch.cuda.synchronize before and after on CUDA. galore-torch's GaLoreAdamW8bit.step calls
 torch.cuda.synchronize(), which raises on a machine without CUDA: on CPU it is replaced by a no-op.
 
-    python benchmarks/step_time.py [--sizes 60m,130m,350m] [--reps 7] [--refresh-reps 3]
+    python benchmarks/step_time.py [--sizes 60m,130m,350m] [--reps 7] [--refresh-reps 3] [--layers 1]
                                    [--device cpu|cuda] [--threads N] [--out docs/step_time.md]
                                    [--only "plumage_adamw default (,..."] [--gradients gaussian|model]
 
@@ -62,6 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import galore_plumage
 from galore_plumage.optimizers import PLUMAGE_SAMPLED, PRETRAIN_COMPLEMENT, optimizer_class, optimizer_spec
@@ -109,6 +118,7 @@ class Candidate:
     family: str  # adamw, adamw8bit or adafactor: picks the galore-torch reference row
     low_rank: bool
     build: Build
+    compiled: bool = False  # steps through torch.compile, which does not trace under a TorchDispatchMode
 
 
 @dataclass
@@ -118,6 +128,7 @@ class Result:
     steady_reps: list[float] | None = None  # seconds, one a repetition, in order
     refresh_reps: list[float] | None = None  # the same; None for full-rank optimizers (they never refresh)
     state_bytes: tuple[int, int] | None = None  # (storages kept alive, the tensors' own bytes)
+    kernels: int | None = None  # aten operations of one steady step (CountKernels)
     failure: str | None = None
 
     @property
@@ -225,7 +236,8 @@ def candidates() -> list[Candidate]:
             label = f"ours plumage_{backend} default, one by one (foreach off) / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=False)))
             label = f"ours plumage_{backend} default + compile_update / {backend}"
-            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, compile_update=True)))
+            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, compile_update=True),
+                                    compiled=True))
             # what torchrun_main.py pretrains with from 4096 tokens an update (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS,
             # PRETRAIN_COMPLEMENT): no floor, Fira's complement G − P R at every update
             label = f"ours plumage_{backend} large-batch pretraining default (no floor, complement) / {backend}"
@@ -280,6 +292,34 @@ def build_and_warm(candidate: Candidate, grads, rank: int, gap: int, device) -> 
     return (lambda: step_once(optimizer, params, grads)), state_bytes(dict(optimizer.state))
 
 
+class CountKernels(TorchDispatchMode):
+    """Counts the aten operations dispatched, leaving out views (no kernel runs for them); a torch._foreach call is
+    one operation however many tensors it takes."""
+
+    VIEWS = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "alias", "detach", "slice", "select",
+             "unbind", "split", "split_with_sizes", "squeeze", "unsqueeze", "as_strided", "reshape", "_reshape_alias"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in self.VIEWS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def kernels_of(candidate: Candidate, grads, rank: int, device) -> int | None:
+    """The kernels of one steady step of a copy of the candidate built for counting alone; None for a compiled one
+    (torch.compile does not trace under a TorchDispatchMode, and after trying it compiles nothing more)."""
+    if candidate.compiled:
+        return None
+    step, _ = build_and_warm(candidate, grads, rank, STEADY_GAP, device)
+    with CountKernels() as counter:
+        step()
+    return counter.count
+
+
 def floor_step(grads: list[torch.Tensor], bases: list[torch.Tensor]) -> Callable[[], None]:
     """Project each gradient on its smaller side at the rank and back, as GaLore's proj_type "std" does."""
 
@@ -330,6 +370,7 @@ def build_all(cands: list[Candidate], grads, rank: int, gap: int, device, result
             continue
         if gap == STEADY_GAP:
             results[candidate.name].state_bytes = size
+            results[candidate.name].kernels = kernels_of(candidate, grads, rank, device)
     return steps
 
 
@@ -340,12 +381,17 @@ def measure_size(label: str, args, device: torch.device) -> list[Result]:
         grads = model_gradients.layer_gradients(h, i, device, SEED)
     else:
         grads = random_tensors(layer_shapes(h, i).values(), device, SEED)
+    # more layers: copies of the seven gradients (their values do not change what a step costs)
+    grads = [grad.clone() for _ in range(args.layers) for grad in grads]
     cands = selected(candidates(), args.only)
     results = {c.name: Result(c.name, c.family) for c in cands} | {FLOOR: Result(FLOOR, "adamw")}
 
-    print(f"{label}: h={h} i={i} rank={rank}, steady steps", flush=True)
+    print(f"{label}: h={h} i={i} rank={rank}, {args.layers} layer(s), steady steps", flush=True)
     steps = build_all(cands, grads, rank, STEADY_GAP, device, results)
     steps[FLOOR] = floor_step(grads, floor_bases(grads, rank, device))
+    with CountKernels() as counter:
+        steps[FLOOR]()
+    results[FLOOR].kernels = counter.count
     for name, seconds in times_interleaved(steps, args.reps, device, "steady").items():
         results[name].steady_reps = seconds
     del steps
@@ -390,17 +436,18 @@ def paired_ratio(reps: list[float] | None, reference: list[float] | None) -> str
 def table(results: list[Result]) -> str:
     by_name = {r.name: r for r in results}
     lines = ["| optimizer | steady ms | refresh ms | amortized ms (τ=200) | state MiB | steady / galore | refresh / galore "
-             "| amortized / galore |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| amortized / galore | kernels (steady) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if r.failure is not None:
-            lines.append(f"| {r.name} | n/a: {r.failure.replace('|', '/')} | | | | | | |")
+            lines.append(f"| {r.name} | n/a: {r.failure.replace('|', '/')} | | | | | | | |")
             continue
         reference = by_name[REFERENCE[r.family]]
         state = "—" if r.state_bytes is None else mib(*r.state_bytes)
         lines.append(f"| {r.name} | {ms(r.steady)} | {ms(r.refresh)} | {ms(r.amortized)} | {state} "
                      f"| {paired_ratio(r.steady_reps, reference.steady_reps)} "
-                     f"| {paired_ratio(r.refresh_reps, reference.refresh_reps)} | {ratio(r.amortized, reference.amortized)} |")
+                     f"| {paired_ratio(r.refresh_reps, reference.refresh_reps)} | {ratio(r.amortized, reference.amortized)} "
+                     f"| {'—' if r.kernels is None else r.kernels} |")
     return "\n".join(lines)
 
 
@@ -427,7 +474,8 @@ def machine(device: torch.device) -> str:
 
 def report(tables: dict[str, list[Result]], args, device: torch.device) -> str:
     parts = [
-        "# Optimizer step time and state on one Llama layer",
+        "# Optimizer step time and state on one Llama layer" if args.layers == 1
+        else f"# Optimizer step time and state on {args.layers} Llama layers",
         "",
         f"Command: `{command_line()}`  ",
         f"Machine: {machine(device)}  ",
@@ -444,6 +492,7 @@ def report(tables: dict[str, list[Result]], args, device: torch.device) -> str:
         "Steady and refresh ratios are paired: the median over repetitions of the row's time over the reference's in",
         "the same repetition (so drift both saw cancels); the amortized ratio is that of the two amortized times.",
         "The floor is the bare projection matmuls (project and project back on the smaller side at the rank).",
+        "Kernels: the aten operations of one steady step, views left out, a torch._foreach call counted once.",
         "galore-torch's GaLoreAdamW8bit passes bitsandbytes' arguments positionally: with bitsandbytes ≥ 0.45 its",
         "`percentile_clipping=100` becomes `max_unorm=100`, so its steps also compute an update norm.",
     ]
@@ -460,6 +509,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sizes", default="60m,130m,350m", help=f"comma-separated, of {', '.join(SIZES)}")
     parser.add_argument("--reps", type=int, default=7, help="steady-step repetitions")
     parser.add_argument("--refresh-reps", type=int, default=3, help="refresh-step repetitions")
+    parser.add_argument("--layers", type=int, default=1,
+                        help="copies of the layer's seven weights in the one group (a model's layers; llama_60m: 8)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--out", type=Path, default=None,
@@ -471,8 +522,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.sizes = args.sizes.split(",")
     unknown = [s for s in args.sizes if s not in SIZES]
-    if unknown or args.reps < 1 or args.refresh_reps < 1:
-        parser.error(f"sizes must be among {', '.join(SIZES)} (got {unknown}); reps must be >= 1")
+    if unknown or args.reps < 1 or args.refresh_reps < 1 or args.layers < 1:
+        parser.error(f"sizes must be among {', '.join(SIZES)} (got {unknown}); reps and layers must be >= 1")
     if args.out is None:
         name = "step_time_cuda.md" if args.device == "cuda" else "step_time.md"
         args.out = Path(__file__).resolve().parent.parent / "docs" / name

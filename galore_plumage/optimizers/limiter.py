@@ -34,4 +34,4 @@ def _within_limit(size: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
     """The factor that scales `size` down to GROWTH_LIMIT x `previous` where it is above (1 elsewhere, and where the
     previous size is zero)."""
     limit = GROWTH_LIMIT * previous
-    return torch.where((limit > 0) & (size > limit), limit / size, torch.ones_like(size))
+    return torch.where((limit > 0) & (size > limit), limit / size, 1.0)

@@ -4,23 +4,27 @@ One weight's steady update is two matmuls (project, add back) around a dozen ele
 and Fira's complement (residual.py) some thirty more on per-column norms. On a GPU, at small and medium sizes,
 launching those kernels one weight at a time costs more than running them; with `foreach` the moments of every weight
 of the group that takes a steady update this step advance in a handful of torch._foreach calls for all of them, the
-complement's weights are computed on all of their columns at once (residual.complement_weights_together), and the
-decoupled decay of their weights is one more call. The matmuls and the reductions stay one per weight, and so does
-everything a weight does on its own (a refresh, a draw).
+complement's weights and its share of the low-rank update are computed on all of their columns laid side by side
+(complement_together), and the decoupled decay of their weights is one more call. What stays one per weight is what
+reads or writes a whole weight: its two matmuls and, where the complement moves, a norm of its gradient's columns and
+the add-back of β φ ⊙ G; and everything a weight does on its own (a refresh, a draw).
 
 Taken together: weights of a low-rank group with foreach on, on a backend with `update_together` (AdamW), held whole
 (not FSDP2-sharded), stepped with their full gradient (not per-layer mode), whose moments exist, with no refresh due,
 the complement's limiter holding a reference where the complement moves this update, PLUMAGE's sampled rows stepping
 as the backend steps them (sampled_step 'adaptive'), and no row_bias_correction or refresh_ema; when no step observer
 is attached. Every other weight steps one by one. The arithmetic is the one-by-one path's, op for op, so the weights
-and moments are the same (tests/optimizers/test_multi_tensor.py, bit for bit on CPU).
+and moments are the same: bit for bit on a CPU where the complement does not move, to float32 rounding where it does
+(its norms over columns laid side by side may add in another order; tests/optimizers/test_multi_tensor.py).
 """
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
-from ..projectors.base import Outside
+from ..projectors.base import Outside, _along
 from .residual import complement_weights_together
 
 
@@ -56,9 +60,10 @@ def steady_together(optimizer, group: dict, params: list[torch.Tensor]) -> list[
 
 def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> None:
     """One steady update of each of `params` (chosen by steady_together): projected one by one, moments advanced
-    together, the complement's weights computed together for those it moves this update, added back one by one,
-    decayed together; then after(backend, state, group, projector) for each weight (the optimizer's draw when one is
-    due, base.resample_if_due)."""
+    together, the complement (for the weights that move it this update) computed and folded into the low-rank
+    update on all of their columns at once, added back one by one, decayed together; then
+    after(backend, state, group, projector) for each weight (the optimizer's draw when one is due,
+    base.resample_if_due)."""
     backend = optimizer.backend
     projectors = [optimizer.projector_for(param, group) for param in params]
     states = [optimizer.state[param] for param in params]
@@ -68,22 +73,74 @@ def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> 
     for state in states:
         state["step"] += 1
     updates = backend.update_together(states, low_grads, group)
-    outside = [None] * len(params)
+    mixed = {}
     if any(moved):
         chosen = [k for k, move in enumerate(moved) if move]
-        phis = complement_weights_together(  # update_together's updates share one unit (AdamW's normalized step: 1)
-            [updates[k].direction for k in chosen], [low_grads[k] for k in chosen], [params[k].grad for k in chosen],
-            [next(iter(projectors[k].factors)) for k in chosen], [states[k] for k in chosen],
-            unit=updates[chosen[0]].unit, cap=group["residual_cap"])
-        for k, phi in zip(chosen, phis, strict=True):  # as base.apply_update moves the complement
-            outside[k] = Outside(params[k].grad, low_grads[k], phi,
-                                 -abs(updates[k].step_size) * group["residual_scale"])
+        mixed = dict(zip(chosen, complement_together(
+            [params[k] for k in chosen], [projectors[k] for k in chosen], [updates[k] for k in chosen],
+            [low_grads[k] for k in chosen], [states[k] for k in chosen], group), strict=True))
     decay = updates[0].decay  # the group's lr × weight_decay, the same for every weight
     if backend.decay_first and decay:
         torch._foreach_add_(params, params, alpha=-decay)
-    for param, projector, update, rest in zip(params, projectors, updates, outside, strict=True):
-        projector.add_back(param, update.direction, -update.step_size, rest)
+    for k, (param, projector, update) in enumerate(zip(params, projectors, updates, strict=True)):
+        if k in mixed:
+            projector.add_back_mixed(param, *mixed[k])
+        else:
+            projector.add_back(param, update.direction, -update.step_size)
     if not backend.decay_first and decay:
         torch._foreach_add_(params, params, alpha=-decay)
     for projector, state in zip(projectors, states, strict=True):
         after(backend, state, group, projector)
+
+
+def complement_together(params: list[torch.Tensor], projectors: list, updates: list, low_grads: list[torch.Tensor],
+                        states: list[dict], group: dict) -> list[tuple[torch.Tensor, Outside]]:
+    """For weights whose update moves the complement: each one's (mixed, outside) for Projector.add_back_mixed, the
+    low-rank part mixed = α·scale·D⁻¹Z − β·φ ⊙ R formed as add_back forms it, but on every weight's columns at once.
+
+    Each weight's Z and R are laid side by side as the columns of one r-row matrix (`columns`), so φ's per-column
+    norms, its arithmetic and the mixing are a fixed number of kernels for any number of weights (residual.
+    complement_weights_together); what stays per weight is a pass over its G (the norms of its columns, β φ ⊙ G)
+    and its two matmuls."""
+    modes = [next(iter(projector.factors)) for projector in projectors]
+    z_columns = torch.cat([columns(update.direction, mode) for update, mode in zip(updates, modes, strict=True)], dim=1)
+    r_columns = torch.cat([columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)], dim=1)
+    # update_together's updates share one unit (AdamW's normalized step: 1)
+    phi = complement_weights_together(z_columns, r_columns, [param.grad for param in params], modes, states,
+                                      unit=updates[0].unit, cap=group["residual_cap"])
+    if any(projector.inv_p is not None for projector in projectors):  # PLUMAGE's D⁻¹ rescales Z after φ is taken
+        z_columns = torch.cat([columns(_rescaled(update.direction, projector, mode), mode)
+                               for update, projector, mode in zip(updates, projectors, modes, strict=True)], dim=1)
+    # α = −step size · scale, β = −|step size| · residual_scale (base.apply_update): one pair for all weights unless
+    # their step counts (so their bias corrections) differ; each run of weights sharing a pair is mixed in one go
+    pairs = [(-update.step_size * projector.scale, -abs(update.step_size) * group["residual_scale"])
+             for update, projector in zip(updates, projectors, strict=True)]
+    widths = [low.shape[1 - mode] for low, mode in zip(low_grads, modes, strict=True)]
+    edges = [0, *itertools.accumulate(widths)]
+    pieces, first = [], 0
+    for (alpha, beta), run in itertools.groupby(pairs):
+        last = first + len(list(run))
+        start, stop = edges[first], edges[last]
+        pieces.append(alpha * z_columns[:, start:stop] - beta * (phi[start:stop] * r_columns[:, start:stop]))
+        first = last
+    mixed = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+    return [(columns(mixed[:, start:stop], mode),
+             Outside(param.grad, low, phi[start:stop].view(_along_columns(low.shape, mode)), beta))
+            for param, low, mode, (_, beta), start, stop
+            in zip(params, low_grads, modes, pairs, edges[:-1], edges[1:], strict=True)]
+
+
+def columns(low: torch.Tensor, mode: int) -> torch.Tensor:
+    """A low-rank tensor (r × n on mode 0, m × r on mode 1) as the columns the complement weighs, those of the
+    weight's other side, each of r entries: itself or its transpose (a view both ways)."""
+    return low if mode == 0 else low.T
+
+
+def _along_columns(low_shape: torch.Size, mode: int) -> tuple[int, int]:
+    """The shape that broadcasts one number per column (of `columns`) over the weight."""
+    return (1, low_shape[1]) if mode == 0 else (low_shape[0], 1)
+
+
+def _rescaled(direction: torch.Tensor, projector, mode: int) -> torch.Tensor:
+    """D⁻¹Z: PLUMAGE's 1/p on the rows of the basis (Projector.add_back's own rescaling)."""
+    return direction if projector.inv_p is None else direction * _along(projector.inv_p, mode, 2)

@@ -18,6 +18,7 @@ The basis's rows are all measured for φ (PLUMAGE's D⁻¹ rescales the low-rank
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -71,7 +72,7 @@ def column_weights(z_norm: torch.Tensor, r_norm_sq: torch.Tensor, grad_norm: tor
     columns, one weight's or several concatenated, gives the same numbers); ‖G⊥‖² is None without `grad_norm`."""
     r_norm = r_norm_sq.sqrt()
     # a column with no gradient in the basis gives no step size to copy: its complement does not move (0 · ∞ is NaN)
-    phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), torch.zeros_like(z_norm))
+    phi = torch.where(r_norm > 0, z_norm / r_norm.clamp_min(torch.finfo(r_norm.dtype).tiny), 0.0)
     outside_sq = None
     if grad_norm is not None:
         # ‖G⊥_j‖² = ‖G_j‖² − ‖R_j‖² for an orthonormal basis (clamped: a bfloat16-stored basis is orthonormal to ~1e-3)
@@ -109,27 +110,37 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
     return phi * growth_factor(size, state, "residual_norm")
 
 
-def complement_weights_together(directions: list[torch.Tensor], low_grads: list[torch.Tensor],
-                                grads: list[torch.Tensor], modes: list[int], states: list[dict], unit: float = 1.0,
-                                cap: float | None = None) -> list[torch.Tensor]:
+def complement_weights_together(z_columns: torch.Tensor, r_columns: torch.Tensor, grads: list[torch.Tensor],
+                                modes: list[int], states: list[dict], unit: float = 1.0,
+                                cap: float | None = None) -> torch.Tensor:
     """complement_weights of several whole weights on a steady update (no refresh this step, each state holding its
-    limiter's reference), the same numbers in fewer kernels (multi_tensor.py, foreach): the reductions stay one per
-    weight, but the arithmetic on their per-column results runs once on all of them concatenated, and the limiter
-    once on a vector of sizes. On a GPU, one weight at a time, the complement's ~35 small kernels cost far more to
-    launch than to run (a 350M layer's steady step took 3.9x galore-torch's, docs/step_time_cuda.md)."""
-    z_norm = [direction.norm(dim=mode, keepdim=True) for direction, mode in zip(directions, modes, strict=True)]
-    r_norm_sq = [square.sum(dim=mode, keepdim=True)
-                 for square, mode in zip(torch._foreach_mul(low_grads, low_grads), modes, strict=True)]
-    grad_norm = [torch.linalg.vector_norm(grad, dim=mode, keepdim=True, dtype=low_grad.dtype)
-                 for grad, low_grad, mode in zip(grads, low_grads, modes, strict=True)]
-    shapes, lengths = [norm.shape for norm in z_norm], [norm.numel() for norm in z_norm]
-    z_norm, r_norm_sq, grad_norm = (torch.cat([t.reshape(-1) for t in ts]) for ts in (z_norm, r_norm_sq, grad_norm))
+    limiter's reference), in a number of kernels that does not grow with the weights but for one norm of each G.
+
+    `z_columns`, `r_columns`: the weights' Z and R side by side as the columns of one r-row matrix, each weight's in
+    the order of `grads` (multi_tensor.columns: a weight projected on its rows gives its n columns, one projected on
+    its columns its m rows). Returns φ of every one of those columns, limited, as one vector in the same order. The
+    numbers are complement_weights' to rounding (a reduction over a concatenated matrix may add in another order).
+    On a GPU, one weight at a time, the complement's ~35 small kernels cost far more to launch than to run (a 350M
+    layer's steady step took 3.9x galore-torch's, docs/step_time_cuda.md)."""
+    z_norm = torch.linalg.vector_norm(z_columns, dim=0)
+    r_norm_sq = (r_columns * r_columns).sum(dim=0)
+    grad_norm = torch.cat([torch.linalg.vector_norm(grad, dim=mode, dtype=r_columns.dtype)
+                           for grad, mode in zip(grads, modes, strict=True)])
+    lengths = [grad.shape[1 - mode] for grad, mode in zip(grads, modes, strict=True)]
     phi, outside_sq = column_weights(z_norm, r_norm_sq, grad_norm, cap)  # elementwise: every weight's columns at once
-    moved_sq = phi.square() * outside_sq
-    sizes = torch._foreach_div(torch._foreach_sqrt([part.sum() for part in moved_sq.split(lengths)]), unit)
-    factors = growth_factors(sizes, states, "residual_norm").unbind()
-    return [part.view(shape) * factor
-            for part, shape, factor in zip(phi.split(lengths), shapes, factors, strict=True)]
+    # ‖φ ⊙ G⊥‖ of each weight, one norm per piece in one call (φ >= 0, so √(Σ φ² ‖G⊥_j‖²) = ‖φ ⊙ ‖G⊥_j‖‖)
+    sizes = torch._foreach_norm(list((phi * outside_sq.sqrt()).split(lengths)))
+    if unit != 1.0:
+        sizes = torch._foreach_div(sizes, unit)
+    factors = growth_factors(sizes, states, "residual_norm")
+    return phi * factors[_owners(tuple(lengths), phi.device)]
+
+
+@functools.lru_cache(maxsize=64)
+def _owners(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """For each column of weights laid side by side with these `lengths`, the index of its weight: made once per
+    layout (a tensor made from a list each step would be a copy to the device each step)."""
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
 
 
 def add_placeholder(state: dict, like: torch.Tensor) -> None:

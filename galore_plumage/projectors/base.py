@@ -516,6 +516,23 @@ class Projector:
         alpha *= self.scale
         if outside is not None:  # F's two terms share one product, F (α·scale·D⁻¹Z − β·w ⊙ R): G − F R is never written
             low, alpha = alpha * low - outside.alpha * (outside.weights * outside.low_grad), 1.0
+        self._add_product(target, low, alpha, outside)
+
+    def add_back_mixed(self, target: torch.Tensor, mixed: torch.Tensor, outside: Outside) -> None:
+        """add_back with the complement, where the caller formed the low-rank part, mixed = α·scale·D⁻¹Z − β·w ⊙ R
+        (multi_tensor.py: on the columns of many weights at once): target ← target + F mixed + β·w ⊙ G. One-sided
+        projections of matrices only; `outside.low_grad` is not read."""
+        self._require_ready("add_back_mixed")
+        self._follow_device(mixed.device)
+        if len(self.factors) != 1 or target.dim() != 2:
+            raise ValueError(f"add_back_mixed needs a one-sided projection of a matrix; this projector has factors on "
+                             f"modes {sorted(self.factors)} of a {target.dim()}-D weight")
+        self._add_product(target, mixed, 1.0, outside)
+
+    def _add_product(self, target: torch.Tensor, low: torch.Tensor, alpha: float, outside: Outside | None) -> None:
+        """target ← target + alpha · F low (+ β·w ⊙ G with `outside`), F one-sided, without writing F low out where
+        the dtypes allow (one addmm)."""
+        ((mode, factor),) = self.factors.items()
         if factor.dtype != low.dtype:  # the pool stored in bfloat16
             factor = factor.to(low.dtype)
         if target.dtype != low.dtype:  # a bfloat16 weight with the outside: the float32 product, rounded once

@@ -1,5 +1,6 @@
-"""foreach: the plain steady updates of a group's low-rank weights taken together train exactly as one by one, launch a
-number of elementwise kernels that does not grow with the number of weights, and leave every other update alone."""
+"""foreach: the plain steady updates of a group's low-rank weights taken together train as one by one (exactly, or to
+float32 rounding where the complement moves), launch a number of elementwise kernels that does not grow with the
+number of weights, and leave every other update alone."""
 
 from __future__ import annotations
 
@@ -29,17 +30,17 @@ class Layer(nn.Module):
         return [*self.square.parameters(), *self.up.parameters(), self.down.weight]
 
 
-def train(foreach: bool, steps: int = 12, resting: int | None = None, **options):
+def train(foreach: bool, steps: int = 12, resting: int | None = None, dtype: torch.dtype = torch.float32, **options):
     """`resting`: the index of a weight that gets no gradient on every third step."""
     torch.manual_seed(0)
-    layer = Layer()
+    layer = Layer().to(dtype)
     groups = [{"params": layer.matrices(), "rank": 6, "update_proj_gap": 4, "foreach": foreach, **options},
               {"params": list(layer.norm.parameters())}]
     optimizer = PlumageAdamW(groups, lr=1e-2, weight_decay=0.1)
     data = torch.Generator().manual_seed(1)
     for step in range(steps):
         for param in layer.parameters():
-            param.grad = torch.randn(param.shape, generator=data)
+            param.grad = torch.randn(param.shape, generator=data).to(dtype)
         if resting is not None and step % 3 == 2:
             layer.matrices()[resting].grad = None
         optimizer.step()
@@ -63,8 +64,20 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("options", SETTINGS.values(), ids=SETTINGS.keys())
-def test_taken_together_trains_exactly_as_one_by_one(options, monkeypatch):
+# where the complement moves, its per-column norms run over the weights' columns laid side by side, which may add in
+# another order than one weight's own norm: the same numbers to float32 rounding (3e-7 of the weights after 40 steps)
+MOVES_THE_COMPLEMENT = {"sampled", "fira_complement", "capped_complement"}
+
+
+def same(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
+    if exact or not a.is_floating_point():
+        return torch.equal(a, b)
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_taken_together_trains_as_one_by_one(name, monkeypatch):
+    options, exact = SETTINGS[name], name not in MOVES_THE_COMPLEMENT
     calls = []
     real = base.step_together
     monkeypatch.setattr(base, "step_together", lambda opt, group, params, after: calls.append(len(params))
@@ -74,16 +87,28 @@ def test_taken_together_trains_exactly_as_one_by_one(options, monkeypatch):
     # every weight of the group, or those not refreshing (staggered: one or two refresh at most steps)
     assert calls and max(calls) >= (5 if options.get("stagger") else 7) and min(calls) >= 2, calls
     for a, b in zip(together.parameters(), single.parameters(), strict=True):
-        assert torch.equal(a, b)
+        assert same(a, b, exact), (a - b).abs().max()
     for a, b in zip(together.parameters(), single.parameters(), strict=True):
         state_a, state_b = together_optimizer.state[a], single_optimizer.state[b]
         assert state_a.keys() == state_b.keys()
         for key, value in state_a.items():
             if isinstance(value, torch.Tensor):
-                assert torch.equal(value, state_b[key]), key
+                assert same(value, state_b[key], exact), key
             elif key != "projector":
                 assert value == state_b[key], key
     assert together_optimizer.projector_stats() == single_optimizer.projector_stats()
+
+
+def test_bfloat16_weights_with_the_complement_train_together_as_one_by_one():
+    """A bfloat16 weight (torchrun's --dtype bfloat16) takes the low-rank product in float32, rounded once, and β φ ⊙ G
+    in bfloat16, as one by one; the float32 rounding of the complement's norms may flip a bfloat16 rounding."""
+    together, _ = train(True, resting=2, dtype=torch.bfloat16, **SETTINGS["fira_complement"])
+    single, _ = train(False, resting=2, dtype=torch.bfloat16, **SETTINGS["fira_complement"])
+    torch.manual_seed(0)
+    start = Layer().to(torch.bfloat16)
+    for a, b, initial in zip(together.parameters(), single.parameters(), start.parameters(), strict=True):
+        assert a.dtype == torch.bfloat16 and not torch.equal(b, initial)
+        assert (a.float() - b.float()).abs().max() <= 2**-7 * b.float().abs().max(), (a - b).abs().max()
 
 
 @pytest.mark.parametrize("name", ["fira_complement", "capped_complement"])
@@ -92,8 +117,8 @@ def test_the_complement_is_moved_together_also_where_only_some_weights_move_it(n
     real_step, real_weights = base.step_together, multi_tensor.complement_weights_together
     monkeypatch.setattr(base, "step_together", lambda opt, group, params, after: calls.append([len(params), 0])
                         or real_step(opt, group, params, after))
-    monkeypatch.setattr(multi_tensor, "complement_weights_together", lambda directions, *args, **kwargs: calls[-1].
-                        __setitem__(1, len(directions)) or real_weights(directions, *args, **kwargs))
+    monkeypatch.setattr(multi_tensor, "complement_weights_together", lambda z, r, grads, *args, **kwargs: calls[-1].
+                        __setitem__(1, len(grads)) or real_weights(z, r, grads, *args, **kwargs))
     train(True, resting=2, **SETTINGS[name])
     if name == "fira_complement":  # every update moves it, so every weight taken together does
         assert calls and all(moving == taken for taken, moving in calls), calls
@@ -104,7 +129,7 @@ def test_the_complement_is_moved_together_also_where_only_some_weights_move_it(n
 class CountKernels(TorchDispatchMode):
     """Counts the aten calls that run a kernel over a tensor's elements, leaving out matmuls and views."""
 
-    LEFT_OUT = ("mm", "addmm", "t", "view", "transpose", "permute", "expand", "alias", "detach", "_to_copy")
+    LEFT_OUT = ("mm", "addmm", "t", "view", "transpose", "permute", "expand", "alias", "detach", "_to_copy", "slice")
 
     def __init__(self):
         super().__init__()
@@ -136,15 +161,15 @@ def test_the_elementwise_kernels_of_a_steady_step_do_not_grow_with_the_weights()
     assert one_by_one[0] > one_by_one[1] > elementwise_kernels_of_a_steady_step(4, True)
 
 
-def test_the_complement_taken_together_launches_a_quarter_of_the_kernels_a_weight():
-    """What is left per weight with Fira's complement (torchrun's large-batch default): its three norms, two sums and
-    the complement's add-back, at most 10 elementwise kernels, where one by one it launches 40 (on a GPU each costs
-    its launch: a 350M layer's step took 3.9x galore-torch's one by one, docs/step_time_cuda.md)."""
+def test_the_complement_taken_together_launches_two_elementwise_kernels_a_weight():
+    """What is left per weight with Fira's complement (torchrun's large-batch default): the norms of its gradient's
+    columns and the add-back of β φ ⊙ G, two passes over G, where one by one it launches 40 elementwise kernels (on a
+    GPU each costs its launch: a 350M layer's step took 3.9x galore-torch's one by one, docs/step_time_cuda.md)."""
     complement = {**FIRA_COMPLEMENT, "v_floor": "none"}
     together = [elementwise_kernels_of_a_steady_step(n, True, **complement) for n in (4, 8)]
     one_by_one = [elementwise_kernels_of_a_steady_step(n, False, **complement) for n in (4, 8)]
     per_weight_together, per_weight_alone = (together[1] - together[0]) / 4, (one_by_one[1] - one_by_one[0]) / 4
-    assert per_weight_together <= 10 and per_weight_alone >= 4 * per_weight_together, (together, one_by_one)
+    assert per_weight_together <= 2 and per_weight_alone >= 20 * per_weight_together, (together, one_by_one)
 
 
 def test_updates_that_cannot_be_taken_together_step_one_by_one(monkeypatch):
