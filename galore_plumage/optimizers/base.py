@@ -24,6 +24,7 @@ from torch.optim import Optimizer
 
 from ..projectors import Projector, build_projector, projector_spec
 from ..projectors.base import Outside, compute_dtype
+from ..projectors.plumage import resample_together
 from .batched_refresh import prepare_batched_refreshes
 from .moment_floor import check_horizon
 from .multi_tensor import steady_together, step_together
@@ -179,9 +180,24 @@ def resample_if_due(backend: Backend, state: dict, group: dict, projector: Proje
     next one, and carry the moments to the new rows as a refresh would."""
     if projector.resample_due(state["step"]):
         projector.resample(state["step"])
-        backend.realign(state, projector, group["realign"])
-        restart_limiter(state)
-        state["projector"] = projector.state_dict()
+        carry_moments_to_draw(backend, state, group, projector)
+
+
+def resample_together_if_due(updated: list[tuple[Backend, dict, dict, Projector]]) -> None:
+    """resample_if_due of each (backend, state, group, projector) updated in this step, the draws made together
+    (plumage.resample_together): a weight's draw reads nothing another weight's update wrote, so drawing all of them
+    after the group's updates gives each the basis it would have drawn right after its own."""
+    due = [entry for entry in updated if entry[3].resample_due(entry[1]["step"])]
+    if due:
+        resample_together([projector for *_, projector in due], [state["step"] for _, state, _, _ in due])
+    for backend, state, group, projector in due:
+        carry_moments_to_draw(backend, state, group, projector)
+
+
+def carry_moments_to_draw(backend: Backend, state: dict, group: dict, projector: Projector) -> None:
+    backend.realign(state, projector, group["realign"])
+    restart_limiter(state)
+    state["projector"] = projector.state_dict()
 
 
 def apply_update(param: torch.Tensor, update: Update, projector: Projector | None, decay_first: bool,
@@ -302,13 +318,19 @@ class LowRankOptimizer(Optimizer):
         prepare_batched_refreshes(self)  # same-shaped weights due for a refresh: one decomposition call (refresh_batch)
         for group in self.param_groups:
             params = [param for param in group["params"] if param.grad is not None]
+            updated = []  # (backend, state, group, projector) of each low-rank update: PLUMAGE's draws after them all
+
+            def defer_draw(*entry, updated=updated):
+                updated.append(entry)
+
             together = steady_together(self, group, params)  # foreach: plain steady updates in _foreach calls
             if together:
-                step_together(self, group, together, after=resample_if_due)
+                step_together(self, group, together, after=defer_draw)
             done = {id(param) for param in together}
             for param in params:
                 if id(param) not in done:
-                    self._step_param(param, group, grad=param.grad)
+                    self._step_param(param, group, grad=param.grad, after=defer_draw)
+            resample_together_if_due(updated)
         return loss
 
     @torch.no_grad()
@@ -321,9 +343,10 @@ class LowRankOptimizer(Optimizer):
         self._step_param(param, group, grad, low_grad)
 
     def _step_param(self, param: torch.Tensor, group: dict, grad: torch.Tensor | None = None,
-                    low_grad: torch.Tensor | None = None) -> None:
+                    low_grad: torch.Tensor | None = None, after=resample_if_due) -> None:
         """step_param without its own no_grad context (step() holds one for every weight: entering it once per weight
-        cost ~10 µs, a tenth of a small weight's step)."""
+        cost ~10 µs, a tenth of a small weight's step); after(backend, state, group, projector) follows a low-rank
+        update (the draw, or step()'s note of it for the draws made together)."""
         where = self._placement(param)
         where.check_step(grad, low_grad)
         state = self.state[param]
@@ -352,7 +375,7 @@ class LowRankOptimizer(Optimizer):
         for observe in self.step_observers:
             observe(param, projector, update, state, refreshed)
         apply_update(weight, update, projector, backend.decay_first, grad, low_grad, group["residual_scale"])
-        resample_if_due(backend, state, group, projector)
+        after(backend, state, group, projector)
 
     def _refresh(self, param, projector: Projector, grad, group, state, where, backend: Backend) -> bool:
         """Refresh (as the weight's placement `where` does it) and realign; False when there is nothing sound to apply

@@ -62,9 +62,13 @@ class Pool:
 
     def canonical(self) -> torch.Tensor:
         """p in descending-σ order."""
-        p = torch.empty_like(self.p)
-        p[self.order] = self.p
-        return p
+        return Pool.canonical_together([self])[0]
+
+    @staticmethod
+    def canonical_together(pools: list[Pool]) -> torch.Tensor:
+        """canonical() of pools of one size, as the rows of one matrix (one scatter for all of them)."""
+        stored = torch.stack([pool.p for pool in pools])
+        return torch.empty_like(stored).scatter_(1, torch.stack([pool.order for pool in pools]), stored)
 
     def arranged(self, chosen: torch.Tensor) -> tuple[Pool, torch.Tensor]:
         """This pool stored with the `chosen` vectors (descending-σ indices) first, and those vectors as a view."""
@@ -83,11 +87,22 @@ class Pool:
         place: a vector already among the first keeps its column, and each one that enters swaps columns with one
         that leaves. Only the columns that change are copied (arranged() copies the whole pool). Returns the
         columns that changed vector (CPU): the rows whose moments start again from zero."""
-        rank = chosen.numel()
-        wanted = torch.zeros(self.order.numel(), dtype=torch.bool)
-        wanted[chosen] = True
-        leaving = (~wanted[self.order[:rank]]).nonzero().flatten()
-        entering = rank + wanted[self.order[rank:]].nonzero().flatten()
+        return Pool.swap_in_together([self], chosen.unsqueeze(0))[0]
+
+    @staticmethod
+    def swap_in_together(pools: list[Pool], chosen: torch.Tensor) -> list[torch.Tensor]:
+        """swap_in of pools of one size, row k of `chosen` (W × rank) for pool k: which stored columns leave and which
+        enter found for all pools at once, the copies made pool by pool."""
+        rank = chosen.shape[1]
+        orders = torch.stack([pool.order for pool in pools])
+        # whether the vector stored at each column is wanted: the first `rank` columns keep theirs where it is
+        wanted = torch.zeros(orders.shape, dtype=torch.bool).scatter_(1, chosen, True).gather(1, orders)
+        leaving, entering = ~wanted[:, :rank], wanted[:, rank:]
+        return [pool._swap(out.nonzero().flatten(), rank + into.nonzero().flatten())
+                for pool, out, into in zip(pools, leaving, entering, strict=True)]
+
+    def _swap(self, leaving: torch.Tensor, entering: torch.Tensor) -> torch.Tensor:
+        """Swap the stored columns `leaving` (among the first) and `entering` (after them), pairwise in order."""
         columns, sources = torch.cat([leaving, entering]), torch.cat([entering, leaving])
         # one copy of the indices to the device, without waiting on it (non_blocking: no host synchronisation)
         moves = torch.stack([columns, sources]).to(self.vectors.device, non_blocking=True)
@@ -453,10 +468,18 @@ class Projector:
 
     def resample(self, step: int) -> None:
         """Draw the basis again from the last refresh's pool (sets `transition`, as a refresh does)."""
-        self.draws += 1
-        generator = refresh_generator(self.seed, self.index, self.refresh_count - 1, self.draws)
         ((mode, rank),) = self._rank_per_mode.items()
-        self.factors, self.inv_p, entering = self._draw(self.pool, generator, mode, rank)
+        self._drawn(step, *self._draw(self.pool, self._next_draw_generator(), mode, rank))
+
+    def _next_draw_generator(self) -> torch.Generator:
+        """Counts a draw; the generator it is made with (a pure function of seed, index, refresh and draw)."""
+        self.draws += 1
+        return refresh_generator(self.seed, self.index, self.refresh_count - 1, self.draws)
+
+    def _drawn(self, step: int, factors: dict[int, torch.Tensor], inv_p: torch.Tensor, entering: torch.Tensor) -> None:
+        """Install a draw's basis, 1/p and changed columns (the bookkeeping after _draw)."""
+        ((mode, _),) = self._rank_per_mode.items()
+        self.factors, self.inv_p = factors, inv_p
         # Both draws are columns of one orthonormal pool and a vector drawn again keeps its column, so
         # B = F_newᵀ F_old is the identity but for a zero row (and column) at each column whose vector changed: kept as
         # those indices, exact, and applied by transport as a fill instead of two r × r × n products per step

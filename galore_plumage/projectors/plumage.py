@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from .base import Basis, Pool, Projector
-from .sampling import inclusion_probabilities, systematic_sample
+from .sampling import inclusion_probabilities, systematic_sample, systematic_samples
 
 
 class PlumageProjector(Projector):
@@ -78,7 +78,9 @@ class PlumageProjector(Projector):
         """`rank` of the pool's vectors drawn with its probabilities (side `mode`), swapped in place into the pool's
         first columns (the basis is a view of them); their 1/p (capped) in column order; the columns that changed."""
         chosen = systematic_sample(pool.canonical(), rank, generator)
-        entering = pool.swap_in(chosen)
+        return self._swapped_in(pool, mode, rank, pool.swap_in(chosen))
+
+    def _swapped_in(self, pool, mode, rank, entering):
         return {mode: pool.vectors[:, :rank]}, self._inv_p(pool.p[:rank], pool.vectors.device, self._dtype), entering
 
     def _inv_p(self, chosen_p: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -86,3 +88,30 @@ class PlumageProjector(Projector):
         if self.max_inv_p is not None:
             inv_p = inv_p.clamp(max=self.max_inv_p)
         return inv_p.to(dtype=dtype).to(device, non_blocking=True)  # a draw's: no host synchronisation
+
+
+def resample_together(projectors: list[Projector], steps: list[int]) -> None:
+    """Projector.resample(step) of each of `projectors`, each at its own step (their draws due after this update),
+    the draws of PLUMAGE's projectors that share a pool size and a rank made together: their probabilities reordered,
+    sampled (sampling.systematic_samples, each from its own generator) and the columns to swap found for all at once,
+    the swaps themselves pool by pool. The same bases, 1/p and changed columns as one by one
+    (tests/optimizers/test_draws_together.py); at κ = 1 a draw before every update of every weight is a few dozen
+    small host operations each, which on a GPU the step waits for (docs/step_time_cuda.md)."""
+    buckets: dict[tuple[int, int], list[tuple[PlumageProjector, int]]] = {}
+    for projector, step in zip(projectors, steps, strict=True):
+        if isinstance(projector, PlumageProjector):
+            ((_, rank),) = projector._rank_per_mode.items()
+            buckets.setdefault((projector.pool.p.numel(), rank), []).append((projector, step))
+        else:
+            projector.resample(step)
+    for (_, rank), bucket in buckets.items():
+        if len(bucket) == 1:
+            projector, step = bucket[0]
+            projector.resample(step)
+            continue
+        pools = [projector.pool for projector, _ in bucket]
+        generators = [projector._next_draw_generator() for projector, _ in bucket]
+        chosen = systematic_samples(Pool.canonical_together(pools), rank, generators)
+        for (projector, step), pool, entering in zip(bucket, pools, Pool.swap_in_together(pools, chosen), strict=True):
+            ((mode, _),) = projector._rank_per_mode.items()
+            projector._drawn(step, *projector._swapped_in(pool, mode, rank, entering))

@@ -55,22 +55,40 @@ def systematic_sample(p: torch.Tensor, k: int, generator: torch.Generator) -> to
     (so sampled columns come out in descending-σ order). O(n) after the shuffle; no Python loop.
     """
     p = p.detach().to(device="cpu", dtype=torch.float64).flatten()
-    n = p.numel()
+    return systematic_samples(p.unsqueeze(0), k, [generator])[0]
+
+
+def systematic_samples(p: torch.Tensor, k: int, generators: list[torch.Generator]) -> torch.Tensor:
+    """systematic_sample for each row of `p` (W × n, float64 on the CPU) with its own generator, the same draws
+    (each row's shuffle and offset come from its generator, in that order), the arithmetic on all rows at once:
+    PLUMAGE's draws of a model's weights at each update cost a few dozen small operations for all of them instead of
+    for each (on a GPU those operations are the host's, and a step waits for them). Returns W × k sorted indices."""
+    rows, n = p.shape
     if not 1 <= k <= n:
         raise ValueError(f"k must be in [1, {n}] for {n} items, got {k}")
-    total = p.sum().item()
-    if not torch.isfinite(p).all() or (p < 0).any() or (p > 1 + 1e-9).any() or abs(total - k) > 1e-6 * k:
-        raise ValueError(f"p must lie in [0, 1] and sum to k={k}; it sums to {total:.9g}")
+    if len(generators) != rows:
+        raise ValueError(f"one generator per row of p: got {len(generators)} for {rows} rows")
+    totals = p.sum(dim=1)
+    misfit = (~torch.isfinite(p).all(dim=1)) | (p < 0).any(dim=1) | (p > 1 + 1e-9).any(dim=1)
+    misfit |= (totals - k).abs() > 1e-6 * k
+    if misfit.any():
+        row = int(misfit.to(torch.int8).argmax())
+        raise ValueError(f"p must lie in [0, 1] and sum to k={k}; it sums to {totals[row].item():.9g}"
+                         + (f" (row {row})" if rows > 1 else ""))
 
-    order = torch.randperm(n, generator=generator)
-    edges = p[order].cumsum(0)
-    edges *= k / edges[-1]  # the last edge is exactly k, so no pointer falls past the end
-    pointers = torch.rand((), dtype=torch.float64, generator=generator) + torch.arange(k, dtype=torch.float64)
+    orders, offsets = [], []
+    for generator in generators:  # each row's two draws from its own generator, in systematic_sample's order
+        orders.append(torch.randperm(n, generator=generator))
+        offsets.append(torch.rand((), dtype=torch.float64, generator=generator))
+    order = torch.stack(orders)
+    edges = p.gather(1, order).cumsum(1)
+    edges *= k / edges[:, -1:]  # the last edge is exactly k, so no pointer falls past the end
+    pointers = torch.stack(offsets).unsqueeze(1) + torch.arange(k, dtype=torch.float64)
     slots = torch.searchsorted(edges, pointers, right=True).clamp_(max=n - 1)
 
     # Rounding could in principle put two pointers in one item of length 1 + ε; push repeats apart
     # (strictly increasing from the left, then within range from the right). A no-op in exact arithmetic.
     steps = torch.arange(k)
-    slots = torch.cummax(slots - steps, 0).values + steps
+    slots = torch.cummax(slots - steps, 1).values + steps
     slots = torch.minimum(slots, steps + (n - k))
-    return order[slots].sort().values
+    return order.gather(1, slots).sort(dim=1).values
