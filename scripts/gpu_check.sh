@@ -59,12 +59,14 @@ timeout $(left $TRAIN_END 120) python3 benchmarks/device_parity.py --device $DEV
 wait $training; log "training rc $?"; [ -n "$training2" ] && { wait $training2; log "training2 rc $?"; }; pack
 
 log timings
-step_time() {  # size
-  timeout $(left $END 100) python3 benchmarks/step_time.py --device $DEV --sizes $1 --reps 15 --refresh-reps 3 \
-    --only "$ROWS" --out $W/step_time_cuda_$1.md >> $W/timings.log 2>&1; log "step_time $1 rc $?"; pack
+step_time() {  # size [layers]
+  timeout $(left $END 100) python3 benchmarks/step_time.py --device $DEV --sizes $1 --layers ${2:-1} --reps 15 \
+    --refresh-reps 3 --only "$ROWS" --out $W/step_time_cuda_$1_x${2:-1}.md >> $W/timings.log 2>&1
+  log "step_time $1 x${2:-1} rc $?"; pack
 }
-# what issue 15's targets name first (a 350M layer, a llama_7b refresh), then the rest while time is left
-first_size=${SIZES%% *}; step_time $first_size
+# what issue 15's targets name first (a 350M layer), then a whole llama_60m's 8 layers in one group (what foreach's
+# batched calls serve in a run; session 44), a llama_7b refresh, then the rest while time is left
+first_size=${SIZES%% *}; step_time $first_size; step_time 60m 8
 timeout $(left $END 90) python3 benchmarks/model_refresh.py --device $DEV --sizes $MODEL_SIZES_7B --reps 1 \
   --only "ours svd (gram)" --batches none --out $W/model_refresh_cuda_7b.md >> $W/timings.log 2>&1
 log "model_refresh 7b rc $?"; pack
