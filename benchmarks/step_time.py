@@ -20,7 +20,8 @@ as a model's does):
                (Pᵀ·G or G·Qᵀ, then back): what no low-rank step can beat
     kernels    the aten operations one steady step dispatches (views left out; a torch._foreach call counted once,
                as on a GPU it launches one kernel for up to a few hundred tensors), counted with a
-               TorchDispatchMode around a steady step of a copy built for it: where small kernels are launch-bound
+               TorchDispatchMode around a steady step of a copy built for it, 13 updates after its refresh
+               (past the 10 after a refresh on which plumage_*'s complement moves): where small kernels are launch-bound
                (a GPU at these sizes) a step's time follows this count more than its arithmetic; "—" for
                compile_update (torch.compile does not trace under such a mode)
 
@@ -77,6 +78,7 @@ from galore_plumage.optimizers import PLUMAGE_SAMPLED, PRETRAIN_COMPLEMENT, opti
 from galore_plumage.optimizers.base import PLUMAGE_ADAM_RECIPE
 from galore_plumage.optimizers.memory import state_bytes
 from galore_plumage.optimizers.options import option_defaults
+from galore_plumage.optimizers.residual import PLUMAGE_RESIDUAL_HORIZON
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model_gradients  # noqa: E402  (a sibling script, not a package)
@@ -310,11 +312,15 @@ class CountKernels(TorchDispatchMode):
 
 
 def kernels_of(candidate: Candidate, grads, rank: int, device) -> int | None:
-    """The kernels of one steady step of a copy of the candidate built for counting alone; None for a compiled one
-    (torch.compile does not trace under a TorchDispatchMode, and after trying it compiles nothing more)."""
+    """The kernels of one steady step of a copy of the candidate built for counting alone, past the first
+    PLUMAGE_RESIDUAL_HORIZON updates after its refresh (plumage_*'s complement moves only on those: the step the timed
+    median mostly sees); None for a compiled one (torch.compile does not trace under a TorchDispatchMode, and after
+    trying it compiles nothing more)."""
     if candidate.compiled:
         return None
     step, _ = build_and_warm(candidate, grads, rank, STEADY_GAP, device)
+    for _ in range(PLUMAGE_RESIDUAL_HORIZON):
+        step()
     with CountKernels() as counter:
         step()
     return counter.count
