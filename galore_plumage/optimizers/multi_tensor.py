@@ -104,7 +104,8 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
     and its two matmuls."""
     modes = [next(iter(projector.factors)) for projector in projectors]
     z_columns = torch.cat([columns(update.direction, mode) for update, mode in zip(updates, modes, strict=True)], dim=1)
-    r_columns = torch.cat([columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)], dim=1)
+    r_views = [columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)]
+    r_columns = torch.cat(r_views, dim=1)
     # update_together's updates share one unit (AdamW's normalized step: 1)
     phi = complement_weights_together(z_columns, r_columns, [param.grad for param in params], modes, states,
                                       unit=updates[0].unit, cap=group["residual_cap"])
@@ -115,7 +116,7 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
     # their step counts (so their bias corrections) differ; each run of weights sharing a pair is mixed in one go
     pairs = [(-update.step_size * projector.scale, -abs(update.step_size) * group["residual_scale"])
              for update, projector in zip(updates, projectors, strict=True)]
-    widths = [low.shape[1 - mode] for low, mode in zip(low_grads, modes, strict=True)]
+    widths = [view.shape[1] for view in r_views]
     edges = [0, *itertools.accumulate(widths)]
     pieces, first = [], 0
     for (alpha, beta), run in itertools.groupby(pairs):
@@ -124,10 +125,9 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
         pieces.append(alpha * z_columns[:, start:stop] - beta * (phi[start:stop] * r_columns[:, start:stop]))
         first = last
     mixed = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
-    return [(columns(mixed[:, start:stop], mode),
-             Outside(param.grad, low, phi[start:stop].view(_along_columns(low.shape, mode)), beta))
-            for param, low, mode, (_, beta), start, stop
-            in zip(params, low_grads, modes, pairs, edges[:-1], edges[1:], strict=True)]
+    return [(columns(part, mode), Outside(param.grad, low, weights.view(_along_columns(low.shape, mode)), beta))
+            for param, low, mode, (_, beta), part, weights
+            in zip(params, low_grads, modes, pairs, mixed.split(widths, dim=1), phi.split(widths), strict=True)]
 
 
 def columns(low: torch.Tensor, mode: int) -> torch.Tensor:

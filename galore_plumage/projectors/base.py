@@ -565,7 +565,10 @@ class Projector:
         else:
             target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
         if outside is not None:
-            target.addcmul_(outside.grad, outside.weights.to(outside.grad.dtype), value=outside.alpha)  # β w ⊙ G
+            weights = outside.weights
+            if weights.dtype != outside.grad.dtype:  # a bfloat16 gradient: φ rounded to it (the test is cheaper)
+                weights = weights.to(outside.grad.dtype)
+            target.addcmul_(outside.grad, weights, value=outside.alpha)  # β w ⊙ G
 
     @property
     def moved(self) -> bool:
