@@ -24,7 +24,7 @@ import itertools
 
 import torch
 
-from ..projectors.base import Outside, _along
+from ..projectors.base import Outside
 from .residual import complement_weights_together
 
 
@@ -110,7 +110,7 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
     phi = complement_weights_together(z_columns, r_columns, [param.grad for param in params], modes, states,
                                       unit=updates[0].unit, cap=group["residual_cap"])
     if any(projector.inv_p is not None for projector in projectors):  # PLUMAGE's D⁻¹ rescales Z after φ is taken
-        z_columns = torch.cat([columns(_rescaled(update.direction, projector, mode), mode)
+        z_columns = torch.cat([columns(projector.rescaled(update.direction), mode)
                                for update, projector, mode in zip(updates, projectors, modes, strict=True)], dim=1)
     # α = −step size · scale, β = −|step size| · residual_scale (base.apply_update): one pair for all weights unless
     # their step counts (so their bias corrections) differ; each run of weights sharing a pair is mixed in one go
@@ -139,8 +139,3 @@ def columns(low: torch.Tensor, mode: int) -> torch.Tensor:
 def _along_columns(low_shape: torch.Size, mode: int) -> tuple[int, int]:
     """The shape that broadcasts one number per column (of `columns`) over the weight."""
     return (1, low_shape[1]) if mode == 0 else (low_shape[0], 1)
-
-
-def _rescaled(direction: torch.Tensor, projector, mode: int) -> torch.Tensor:
-    """D⁻¹Z: PLUMAGE's 1/p on the rows of the basis (Projector.add_back's own rescaling)."""
-    return direction if projector.inv_p is None else direction * _along(projector.inv_p, mode, 2)

@@ -217,8 +217,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("foreach", None, "adamw: take the steady updates of a group's low-rank weights together, their "
            "moments advanced and weights decayed in a few torch._foreach calls for all of them instead of a dozen "
            "kernels each, as torch.optim's multi-tensor Adam, and the complement's weights computed for all at once "
-           "(the same numbers, to float32 rounding where the complement moves; not in per-layer mode, on FSDP2 shards, or for an update that refreshes, draws with "
-           "sampled_step 'norm_matched' or first moves the complement, which step one by one). None: as torch.optim, "
+           "(the same numbers, to float32 rounding where the complement moves; not in per-layer mode, on FSDP2 shards, "
+           "or for an update that refreshes, draws with sampled_step 'norm_matched' or first moves the complement, "
+           "which step one by one). None: as torch.optim, "
            "on where the weights are on a GPU (0.69-0.73x galore-torch's steady step on an H200 against 1.04-1.10x "
            "one by one, docs/step_time_cuda.md) unless compile_update, off on a CPU (3-6 % slower there, "
            "docs/step_time.md)", _check_optional_bool("foreach"), ("yes", 1),

@@ -509,13 +509,17 @@ class Projector:
         """scale · (D⁻¹ Z) ×_k F_k: a full-size update from a low-rank one."""
         self._require_ready("project_back")
         self._follow_device(low.device)
-        x = low
-        if self.inv_p is not None:
-            (mode,) = self.factors
-            x = x * _along(self.inv_p, mode, x.dim())
+        x = self.rescaled(low)
         for mode, factor in self.factors.items():
             x = mode_product(x, factor.to(x.dtype), mode)
         return x * self.scale if self.scale != 1.0 else x
+
+    def rescaled(self, low: torch.Tensor) -> torch.Tensor:
+        """D⁻¹Z: PLUMAGE's 1/p on the basis's rows of a low-rank tensor (itself for a basis without 1/p)."""
+        if self.inv_p is None:
+            return low
+        (mode,) = self.factors
+        return low * _along(self.inv_p, mode, low.dim())
 
     def add_back(self, target: torch.Tensor, low: torch.Tensor, alpha: float, outside: Outside | None = None) -> None:
         """target ← target + alpha · project_back(low), in place; with `outside`, also + β · w ⊙ (G − F R).
@@ -533,9 +537,7 @@ class Projector:
         if not one_sided or (outside is None and target.dtype != low.dtype):
             target.add_(self.project_back(low), alpha=alpha)
             return
-        ((mode, factor),) = self.factors.items()
-        if self.inv_p is not None:
-            low = low * _along(self.inv_p, mode, 2)
+        low = self.rescaled(low)
         alpha *= self.scale
         if outside is not None:  # F's two terms share one product, F (α·scale·D⁻¹Z − β·w ⊙ R): G − F R is never written
             low, alpha = alpha * low - outside.alpha * (outside.weights * outside.low_grad), 1.0
