@@ -56,12 +56,11 @@ def realign_factored(
     if row.dim() != 1:
         raise ValueError("exact factored transport is defined for 2-D low-rank tensors; got a row factor of "
                          f"shape {tuple(row.shape)}")
-    for mode, b in projector.transition.items():
-        b2 = (b * b).to(col.dtype)  # the factors keep their own dtype, whatever the basis's
+    for mode in projector.factors:
         if mode == 1:
-            col = b2 @ col
+            col = projector.transport_vector(col, mode, squared=True)
         else:
-            new_row = b2 @ row
+            new_row = projector.transport_vector(row, mode, squared=True)
             col = col * (new_row.mean() / row.mean())
             row = new_row
     return row, col

@@ -55,10 +55,13 @@ class Pool:
     vectors: torch.Tensor
     p: torch.Tensor
     order: torch.Tensor | None = None  # None (a new pool, or a checkpoint before session 8): descending-σ order
+    # some vector may be left out of a draw (a p below 1): read once, as draws only permute p
+    leaves_some_out: bool = field(init=False)
 
     def __post_init__(self):
         if self.order is None:
             self.order = torch.arange(self.p.numel())
+        self.leaves_some_out = bool((self.p < 1).any())
 
     def canonical(self) -> torch.Tensor:
         """p in descending-σ order."""
@@ -464,7 +467,7 @@ class Projector:
         """True when the sampled rows are to be drawn again before update `step` (never on a refresh's own step, and
         never when every direction of the pool is kept: a draw would repeat the basis)."""
         return (self.pool is not None and self.resample_every > 0 and self.next_resample <= step < self.next_refresh
-                and bool((self.pool.p < 1).any()))
+                and self.pool.leaves_some_out)
 
     def resample(self, step: int) -> None:
         """Draw the basis again from the last refresh's pool (sets `transition`, as a refresh does)."""
@@ -597,6 +600,14 @@ class Projector:
     @transition.setter
     def transition(self, value: dict[int, torch.Tensor] | None) -> None:
         self._transition, self._selection, self._moved_untracked = value, None, False
+
+    def transport_vector(self, vector: torch.Tensor, mode: int, squared: bool = False) -> torch.Tensor:
+        """A vector indexed by mode `mode`'s basis columns carried through the latest transition: B_k v (or (B_k∘B_k) v);
+        after a draw from the pool, the entering entries zeroed without building B."""
+        if self._selection is not None and self._selection[0] == mode:
+            return vector.index_fill(0, self._selection[1], 0)
+        b = self.transition[mode]
+        return ((b * b) if squared else b).to(vector.dtype) @ vector  # the vector keeps its dtype, whatever the basis's
 
     def transport(self, low: torch.Tensor, squared: bool = False) -> torch.Tensor:
         """Carry a low-rank tensor through the latest transition: Z ×_k B_k (or B_k∘B_k if squared)."""

@@ -80,14 +80,23 @@ class PlumageProjector(Projector):
         chosen = systematic_sample(pool.canonical(), rank, generator)
         return self._swapped_in(pool, mode, rank, pool.swap_in(chosen))
 
-    def _swapped_in(self, pool, mode, rank, entering):
-        return {mode: pool.vectors[:, :rank]}, self._inv_p(pool.p[:rank], pool.vectors.device, self._dtype), entering
+    def _swapped_in(self, pool, mode, rank, entering, inv_p=None):
+        """The basis (a view of the pool's first columns), its 1/p (computed here unless given, on the pool's device)
+        and the changed columns, as _draw returns them."""
+        if inv_p is None:
+            inv_p = self._inv_p(pool.p[:rank], pool.vectors.device, self._dtype)
+        return {mode: pool.vectors[:, :rank]}, inv_p, entering
 
     def _inv_p(self, chosen_p: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """1/p of `chosen_p` (capped at max_inv_p), in `dtype` on `device`; the rows of a matrix for several draws, each
+        its own tensor on `device`."""
         inv_p = 1.0 / chosen_p
         if self.max_inv_p is not None:
             inv_p = inv_p.clamp(max=self.max_inv_p)
-        return inv_p.to(dtype=dtype).to(device, non_blocking=True)  # a draw's: no host synchronisation
+        inv_p = inv_p.to(dtype=dtype)
+        if inv_p.dim() == 2:  # a draw's: no host synchronisation
+            return [row.to(device, non_blocking=True, copy=True) for row in inv_p]
+        return inv_p.to(device, non_blocking=True)
 
 
 def resample_together(projectors: list[Projector], steps: list[int]) -> None:
@@ -97,14 +106,16 @@ def resample_together(projectors: list[Projector], steps: list[int]) -> None:
     the swaps themselves pool by pool. The same bases, 1/p and changed columns as one by one
     (tests/optimizers/test_draws_together.py); at κ = 1 a draw before every update of every weight is a few dozen
     small host operations each, which on a GPU the step waits for (docs/step_time_cuda.md)."""
-    buckets: dict[tuple[int, int], list[tuple[PlumageProjector, int]]] = {}
+    buckets: dict[tuple, list[tuple[PlumageProjector, int]]] = {}
     for projector, step in zip(projectors, steps, strict=True):
         if isinstance(projector, PlumageProjector):
             ((_, rank),) = projector._rank_per_mode.items()
-            buckets.setdefault((projector.pool.p.numel(), rank), []).append((projector, step))
+            # what the draw's arithmetic shares: the pool's size, the rank; 1/p's cap, dtype and device
+            key = (projector.pool.p.numel(), rank, projector.max_inv_p, projector._dtype, projector.pool.vectors.device)
+            buckets.setdefault(key, []).append((projector, step))
         else:
             projector.resample(step)
-    for (_, rank), bucket in buckets.items():
+    for (_, rank, _, dtype, device), bucket in buckets.items():
         if len(bucket) == 1:
             projector, step = bucket[0]
             projector.resample(step)
@@ -112,6 +123,8 @@ def resample_together(projectors: list[Projector], steps: list[int]) -> None:
         pools = [projector.pool for projector, _ in bucket]
         generators = [projector._next_draw_generator() for projector, _ in bucket]
         chosen = systematic_samples(Pool.canonical_together(pools), rank, generators)
-        for (projector, step), pool, entering in zip(bucket, pools, Pool.swap_in_together(pools, chosen), strict=True):
+        enterings = Pool.swap_in_together(pools, chosen)
+        inv_ps = bucket[0][0]._inv_p(torch.stack([pool.p[:rank] for pool in pools]), device, dtype)
+        for (projector, step), pool, entering, inv_p in zip(bucket, pools, enterings, inv_ps, strict=True):
             ((mode, _),) = projector._rank_per_mode.items()
-            projector._drawn(step, *projector._swapped_in(pool, mode, rank, entering))
+            projector._drawn(step, *projector._swapped_in(pool, mode, rank, entering, inv_p))
