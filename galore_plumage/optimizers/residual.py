@@ -139,8 +139,9 @@ def complement_weights_together(z_columns: torch.Tensor, r_columns: torch.Tensor
 @functools.lru_cache(maxsize=64)
 def _owners(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """For each column of weights laid side by side with these `lengths`, the index of its weight: made once per
-    layout (a tensor made from a list each step would be a copy to the device each step)."""
-    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device)
+    layout (a tensor made from a list each step would be a copy to the device each step), and copied there without
+    waiting on it (non_blocking: a new layout mid-run, a weight resting, does not synchronise the step)."""
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(device, non_blocking=True)
 
 
 def add_placeholder(state: dict, like: torch.Tensor) -> None:

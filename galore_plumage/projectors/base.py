@@ -101,10 +101,10 @@ class Pool:
         # whether the vector stored at each column is wanted: the first `rank` columns keep theirs where it is
         wanted = torch.zeros(orders.shape, dtype=torch.bool).scatter_(1, chosen, True).gather(1, orders)
         leaving, entering = ~wanted[:, :rank], wanted[:, rank:]
-        return [pool._swap(out.nonzero().flatten(), rank + into.nonzero().flatten())
+        return [pool.swap_columns(out.nonzero().flatten(), rank + into.nonzero().flatten())
                 for pool, out, into in zip(pools, leaving, entering, strict=True)]
 
-    def _swap(self, leaving: torch.Tensor, entering: torch.Tensor) -> torch.Tensor:
+    def swap_columns(self, leaving: torch.Tensor, entering: torch.Tensor) -> torch.Tensor:
         """Swap the stored columns `leaving` (among the first) and `entering` (after them), pairwise in order."""
         columns, sources = torch.cat([leaving, entering]), torch.cat([entering, leaving])
         # one copy of the indices to the device, without waiting on it (non_blocking: no host synchronisation)
@@ -472,9 +472,9 @@ class Projector:
     def resample(self, step: int) -> None:
         """Draw the basis again from the last refresh's pool (sets `transition`, as a refresh does)."""
         ((mode, rank),) = self._rank_per_mode.items()
-        self._drawn(step, *self._draw(self.pool, self._next_draw_generator(), mode, rank))
+        self._drawn(step, *self._draw(self.pool, self.next_draw_generator(), mode, rank))
 
-    def _next_draw_generator(self) -> torch.Generator:
+    def next_draw_generator(self) -> torch.Generator:
         """Counts a draw; the generator it is made with (a pure function of seed, index, refresh and draw)."""
         self.draws += 1
         return refresh_generator(self.seed, self.index, self.refresh_count - 1, self.draws)

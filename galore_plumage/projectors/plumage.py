@@ -80,51 +80,57 @@ class PlumageProjector(Projector):
         chosen = systematic_sample(pool.canonical(), rank, generator)
         return self._swapped_in(pool, mode, rank, pool.swap_in(chosen))
 
-    def _swapped_in(self, pool, mode, rank, entering, inv_p=None):
-        """The basis (a view of the pool's first columns), its 1/p (computed here unless given, on the pool's device)
-        and the changed columns, as _draw returns them."""
-        if inv_p is None:
-            inv_p = self._inv_p(pool.p[:rank], pool.vectors.device, self._dtype)
-        return {mode: pool.vectors[:, :rank]}, inv_p, entering
+    def _swapped_in(self, pool, mode, rank, entering):
+        return {mode: pool.vectors[:, :rank]}, self._inv_p(pool.p[:rank], pool.vectors.device, self._dtype), entering
 
     def _inv_p(self, chosen_p: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """1/p of `chosen_p` (capped at max_inv_p), in `dtype` on `device`; the rows of a matrix for several draws, each
-        its own tensor on `device`."""
+        """1/p of `chosen_p` (capped at max_inv_p), in `dtype` on `device`, without waiting on the device."""
         inv_p = 1.0 / chosen_p
         if self.max_inv_p is not None:
             inv_p = inv_p.clamp(max=self.max_inv_p)
-        inv_p = inv_p.to(dtype=dtype)
-        if inv_p.dim() == 2:  # a draw's: no host synchronisation
-            return [row.to(device, non_blocking=True, copy=True) for row in inv_p]
-        return inv_p.to(device, non_blocking=True)
+        return inv_p.to(dtype=dtype).to(device, non_blocking=True)  # a draw's: no host synchronisation
+
+    # ----------------------------------------------------------------- draws made together (resample_together)
+    def draw_layout(self) -> tuple:
+        """What a draw's arithmetic shares with another's when made together: the pool's size and the rank, and 1/p's
+        cap, dtype and device."""
+        ((_, rank),) = self._rank_per_mode.items()
+        return self.pool.p.numel(), rank, self.max_inv_p, self._dtype, self.pool.vectors.device
+
+    def inverse_probabilities_of_draws(self, pools: list[Pool]) -> list[torch.Tensor]:
+        """1/p of the drawn vectors of each of `pools` (of this projector's draw_layout), computed on all at once."""
+        ((_, rank),) = self._rank_per_mode.items()
+        rows = self._inv_p(torch.stack([pool.p[:rank] for pool in pools]), torch.device("cpu"), self._dtype)
+        return [row.to(self.pool.vectors.device, non_blocking=True, copy=True) for row in rows]  # each its own tensor
+
+    def install_draw(self, step: int, entering: torch.Tensor, inv_p: torch.Tensor) -> None:
+        """Install a draw already swapped into this projector's pool (Pool.swap_in_together) and its 1/p."""
+        ((mode, rank),) = self._rank_per_mode.items()
+        self._drawn(step, {mode: self.pool.vectors[:, :rank]}, inv_p, entering)
 
 
 def resample_together(projectors: list[Projector], steps: list[int]) -> None:
     """Projector.resample(step) of each of `projectors`, each at its own step (their draws due after this update),
-    the draws of PLUMAGE's projectors that share a pool size and a rank made together: their probabilities reordered,
-    sampled (sampling.systematic_samples, each from its own generator) and the columns to swap found for all at once,
-    the swaps themselves pool by pool. The same bases, 1/p and changed columns as one by one
+    the draws of PLUMAGE's projectors that share a draw_layout made together: their probabilities reordered, sampled
+    (sampling.systematic_samples, each from its own generator), the columns to swap found and 1/p computed for all at
+    once, the swaps themselves pool by pool. The same bases, 1/p and changed columns as one by one
     (tests/optimizers/test_draws_together.py); at κ = 1 a draw before every update of every weight is a few dozen
     small host operations each, which on a GPU the step waits for (docs/step_time_cuda.md)."""
     buckets: dict[tuple, list[tuple[PlumageProjector, int]]] = {}
     for projector, step in zip(projectors, steps, strict=True):
         if isinstance(projector, PlumageProjector):
-            ((_, rank),) = projector._rank_per_mode.items()
-            # what the draw's arithmetic shares: the pool's size, the rank; 1/p's cap, dtype and device
-            key = (projector.pool.p.numel(), rank, projector.max_inv_p, projector._dtype, projector.pool.vectors.device)
-            buckets.setdefault(key, []).append((projector, step))
+            buckets.setdefault(projector.draw_layout(), []).append((projector, step))
         else:
             projector.resample(step)
-    for (_, rank, _, dtype, device), bucket in buckets.items():
+    for (_, rank, *_), bucket in buckets.items():
         if len(bucket) == 1:
             projector, step = bucket[0]
             projector.resample(step)
             continue
         pools = [projector.pool for projector, _ in bucket]
-        generators = [projector._next_draw_generator() for projector, _ in bucket]
+        generators = [projector.next_draw_generator() for projector, _ in bucket]
         chosen = systematic_samples(Pool.canonical_together(pools), rank, generators)
         enterings = Pool.swap_in_together(pools, chosen)
-        inv_ps = bucket[0][0]._inv_p(torch.stack([pool.p[:rank] for pool in pools]), device, dtype)
-        for (projector, step), pool, entering, inv_p in zip(bucket, pools, enterings, inv_ps, strict=True):
-            ((mode, _),) = projector._rank_per_mode.items()
-            projector._drawn(step, *projector._swapped_in(pool, mode, rank, entering, inv_p))
+        inv_ps = bucket[0][0].inverse_probabilities_of_draws(pools)
+        for (projector, step), entering, inv_p in zip(bucket, enterings, inv_ps, strict=True):
+            projector.install_draw(step, entering, inv_p)

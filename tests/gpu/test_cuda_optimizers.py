@@ -66,13 +66,16 @@ def test_bf16_weights_keep_fp32_low_rank_state(cls, group, steps):
 def test_a_steady_step_of_the_default_does_not_synchronise_with_the_host(options):
     """Issue 15: between refreshes, PlumageAdamW's step queues its work without waiting on the GPU: torch's sync debug
     mode raises on any synchronising call. The default (GaLore's basis, v_floor) and PLUMAGE's draws (a draw from the
-    pool before every update, PLUMAGE_SAMPLED), with the complement on every update too."""
+    pool before every update, PLUMAGE_SAMPLED), with the complement on every update too. Three weights of one shape,
+    so that foreach (on by default on a GPU) takes their updates together and their draws are made together
+    (plumage.resample_together, since session 44)."""
     from galore_plumage import PlumageAdamW
 
-    weight = torch.nn.Parameter(torch.randn(96, 64, device="cuda"))
-    optimizer = PlumageAdamW([{"params": [weight], "rank": 8, "update_proj_gap": 1000, **options}])
-    weight.grad = torch.randn(96, 64, device="cuda")
-    optimizer.step()  # the refresh: one synchronisation is allowed there
+    weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(3)]
+    optimizer = PlumageAdamW([{"params": weights, "rank": 8, "update_proj_gap": 1000, **options}])
+    for weight in weights:
+        weight.grad = torch.randn(96, 64, device="cuda")
+    optimizer.step()  # the refresh: one synchronisation a weight is allowed there
     optimizer.step()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -82,7 +85,7 @@ def test_a_steady_step_of_the_default_does_not_synchronise_with_the_host(options
     finally:
         torch.cuda.set_sync_debug_mode("default")
     if options:
-        assert optimizer._projectors[weight].stats["resamples"] >= 3
+        assert all(optimizer._projectors[weight].stats["resamples"] >= 3 for weight in weights)
 
 
 def _synchronisations(step) -> int:
