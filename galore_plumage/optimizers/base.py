@@ -195,6 +195,7 @@ def resample_together_if_due(updated: list[tuple[Backend, dict, dict, Projector]
 
 
 def carry_moments_to_draw(backend: Backend, state: dict, group: dict, projector: Projector) -> None:
+    """After a draw: the moments carried to the new rows, the limiters restarted, the projector's state saved."""
     backend.realign(state, projector, group["realign"])
     restart_limiter(state)
     state["projector"] = projector.state_dict()

@@ -78,9 +78,7 @@ class PlumageProjector(Projector):
         """`rank` of the pool's vectors drawn with its probabilities (side `mode`), swapped in place into the pool's
         first columns (the basis is a view of them); their 1/p (capped) in column order; the columns that changed."""
         chosen = systematic_sample(pool.canonical(), rank, generator)
-        return self._swapped_in(pool, mode, rank, pool.swap_in(chosen))
-
-    def _swapped_in(self, pool, mode, rank, entering):
+        entering = pool.swap_in(chosen)
         return {mode: pool.vectors[:, :rank]}, self._inv_p(pool.p[:rank], pool.vectors.device, self._dtype), entering
 
     def _inv_p(self, chosen_p: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
