@@ -175,14 +175,15 @@ def galore_torch_build(class_name: str, backend: str) -> Build:
     return build
 
 
-def ours_build(backend: str, projector: str, solver: str | None, default: bool = False) -> Build:
+def ours_build(backend: str, projector: str, solver: str | None, default: bool = False, **options) -> Build:
     """Our optimizer with `projector`; default=True: with the plumage_* defaults (κ = 1: a draw from the pool of 2r
-    vectors, moments realigned, before every step), otherwise the generic defaults (κ = 0: the paper's estimator)."""
-    extra = {"projector": projector, "realign": REALIGN[projector]} | ({"solver": solver} if solver else {})
+    vectors, moments realigned, before every step), otherwise the generic defaults (κ = 0: the paper's estimator);
+    `options` on top (foreach=True, say)."""
+    extra = {"projector": projector, "realign": REALIGN[projector]} | ({"solver": solver} if solver else {}) | options
     if default:  # PLUMAGE's draws as the plumage_* family sets them (for Adam: PLUMAGE_SAMPLED, its realignment)
         spec = optimizer_spec(f"plumage_{backend}")
         realign = spec.realign if spec.projector == "plumage" else PLUMAGE_SAMPLED["realign"]
-        extra = option_defaults("plumage") | extra | {"realign": realign}
+        extra = option_defaults("plumage") | extra | {"realign": realign} | options
 
     def build(params, rank, gap):
         groups = low_rank_group(params, rank, gap, SCALE[projector], **extra)
@@ -232,14 +233,14 @@ def candidates() -> list[Candidate]:
             auto = ", foreach auto" if backend == "adamw" else ""
             label = f"ours plumage_{backend} default (svd basis, solver auto = gram, v_floor m2{auto}) / {backend}"
             result.append(Candidate(label, backend, True, plumage_adam_default_build(backend)))
-        if backend == "adamw":  # its steady updates taken together (_foreach calls) or not: auto is one of the two
-            label = f"ours plumage_{backend} default + foreach / {backend}"
-            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=True)))
-            label = f"ours plumage_{backend} default, one by one (foreach off) / {backend}"
-            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=False)))
-            label = f"ours plumage_{backend} default + compile_update / {backend}"
-            result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, compile_update=True),
-                                    compiled=True))
+            if backend == "adamw":  # its steady updates taken together (_foreach calls) or not: auto is one of the two
+                label = f"ours plumage_{backend} default + foreach / {backend}"
+                result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=True)))
+                label = f"ours plumage_{backend} default, one by one (foreach off) / {backend}"
+                result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, foreach=False)))
+                label = f"ours plumage_{backend} default + compile_update / {backend}"
+                result.append(Candidate(label, backend, True, plumage_adam_default_build(backend, compile_update=True),
+                                        compiled=True))
             # what torchrun_main.py pretrains with from 4096 tokens an update (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS,
             # PRETRAIN_COMPLEMENT): no floor, Fira's complement G − P R at every update
             label = f"ours plumage_{backend} large-batch pretraining default (no floor, complement) / {backend}"
@@ -254,6 +255,9 @@ def candidates() -> list[Candidate]:
         for solver in ("svd", "gram"):
             label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))
+        # ... taken together (foreach: auto on a GPU): plumage_adafactor's default, PLUMAGE_SAMPLED's for the others
+        label = f"ours plumage draws, κ = 1 (gram) + foreach / {backend}"
+        result.append(Candidate(label, backend, True, ours_build(backend, "plumage", "gram", default=True, foreach=True)))
     return result
 
 

@@ -45,6 +45,7 @@ class AdafactorBackend(Backend):
     name = "adafactor"
     decay_first = True
     row_keys = ("exp_avg", "exp_avg_sq_row", "exp_avg_sq")  # exp_avg_sq_col, a mean over rows, is the same on all
+    moments_key = "RMS"
     defaults = {
         "lr": None,
         "eps": (1e-30, 1e-3),

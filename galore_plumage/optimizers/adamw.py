@@ -47,6 +47,7 @@ class AdamWBackend(Backend):
     name = "adamw"
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0, "correct_bias": True}
     row_keys = ("exp_avg", "exp_avg_sq")
+    moments_key = "exp_avg"
 
     def validate(self, group):
         check_non_negative(group, "lr", "eps", "weight_decay")
@@ -74,7 +75,7 @@ class AdamWBackend(Backend):
         direction = adam_direction(state, grad, beta1, beta2, group["eps"], scratch)
         return Update(direction, _step_size(group, state["step"]), decay)
 
-    def update_together(self, states: list[dict], grads: list[torch.Tensor], group: dict) -> list[Update]:
+    def update_together(self, states, grads, group, params, rows):
         """update() of several low-rank weights of one group, each with its moments and no row_bias_correction, in a
         few torch._foreach calls for all of them (the same arithmetic, so the same numbers)."""
         beta1, beta2 = group["betas"]

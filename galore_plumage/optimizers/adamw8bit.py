@@ -73,6 +73,7 @@ class AdamW8bitBackend(Backend):
     name = "adamw8bit"
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2, "min_8bit_size": 4096}
     row_keys = ("state1", "state2")
+    moments_key = "state1"
     per_rank_keys = ("absmax1", "absmax2")  # one scale per block of a rank's own rows
 
     def per_rank_length(self, state, rows):

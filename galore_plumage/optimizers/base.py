@@ -102,6 +102,17 @@ class Backend:
         low-rank `grad` that indexes the basis vectors (None for a full-rank one)."""
         raise NotImplementedError
 
+    # the state key a weight's first update makes (its moments): until it exists, the weight steps alone (foreach)
+    moments_key: ClassVar[str]
+
+    def update_together(self, states: list[dict], grads: list[torch.Tensor], group: dict,
+                        params: list[torch.Tensor], rows: list[int | None]) -> list[Update]:
+        """update() of several low-rank weights of one group whose moments exist, with `rows` as update() takes it
+        (multi_tensor.step_together): here one weight at a time; AdamW and SGD momentum advance the moments of all of
+        them in a few torch._foreach calls (the same arithmetic, so the same numbers)."""
+        return [self.update(state, grad, group, param, rows=row)
+                for state, grad, param, row in zip(states, grads, params, rows, strict=True)]
+
     def realign(self, state: dict, projector: Projector, rule: str) -> None:
         """Carry the moments through the projector's latest transition (see realign.py)."""
         raise NotImplementedError

@@ -3,13 +3,14 @@
 One weight's steady update is two matmuls (project, add back) around a dozen elementwise kernels on its r-row moments,
 and Fira's complement (residual.py) some thirty more on per-column norms. On a GPU, at small and medium sizes,
 launching those kernels one weight at a time costs more than running them; with `foreach` the moments of every weight
-of the group that takes a steady update this step advance in a handful of torch._foreach calls for all of them, the
-complement's weights and its share of the low-rank update are computed on all of their columns laid side by side
+of the group that takes a steady update this step advance in a handful of torch._foreach calls for all of them (AdamW,
+SGD momentum; 8-bit AdamW and Adafactor still advance each weight's own, Backend.update_together), the complement's
+weights and its share of the low-rank update are computed on all of their columns laid side by side
 (complement_together), and the decoupled decay of their weights is one more call. What stays one per weight is what
 reads or writes a whole weight: its two matmuls and, where the complement moves, a norm of its gradient's columns and
 the add-back of β φ ⊙ G; and everything a weight does on its own (a refresh, a draw).
 
-Taken together: weights of a low-rank group with foreach on, on a backend with `update_together` (AdamW), held whole
+Taken together: weights of a low-rank group with foreach on, on any backend, held whole
 (not FSDP2-sharded), stepped with their full gradient (not per-layer mode), whose moments exist, with no refresh due,
 the complement's limiter holding a reference where the complement moves this update, PLUMAGE's sampled rows stepping
 as the backend steps them (sampled_step 'adaptive'), and no row_bias_correction or refresh_ema; when no step observer
@@ -40,12 +41,12 @@ def steady_together(optimizer, group: dict, params: list[torch.Tensor]) -> list[
     """The weights of `group` (among `params`, which have gradients) whose update at this step is taken together; none
     when fewer than two qualify (one weight gains nothing)."""
     if ("rank" not in group or not foreach_on(group, params) or optimizer.step_observers or group["row_bias_correction"]
-            or group["refresh_ema"] > 0 or getattr(optimizer.backend, "update_together", None) is None):
+            or group["refresh_ema"] > 0):
         return []
     chosen = []
     for param in params:
         state = optimizer.state[param]
-        if "exp_avg" not in state or not optimizer.held_whole(param):  # AdamW's moments are made by its first update
+        if optimizer.backend.moments_key not in state or not optimizer.held_whole(param):  # made by its first update
             continue
         projector = optimizer.projector_for(param, group)
         step = state["step"]
@@ -72,23 +73,22 @@ def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> 
              for projector, state in zip(projectors, states, strict=True)]
     for state in states:
         state["step"] += 1
-    updates = backend.update_together(states, low_grads, group)
+    updates = backend.update_together(states, low_grads, group, params, [_rows(projector) for projector in projectors])
     mixed = {}
     if any(moved):
         chosen = [k for k, move in enumerate(moved) if move]
         mixed = dict(zip(chosen, complement_together(
             [params[k] for k in chosen], [projectors[k] for k in chosen], [updates[k] for k in chosen],
             [low_grads[k] for k in chosen], [states[k] for k in chosen], group), strict=True))
-    decay = updates[0].decay  # the group's lr × weight_decay, the same for every weight
-    if backend.decay_first and decay:
-        torch._foreach_add_(params, params, alpha=-decay)
+    if backend.decay_first:
+        decay_together(params, [update.decay for update in updates])
     for k, (param, projector, update) in enumerate(zip(params, projectors, updates, strict=True)):
         if k in mixed:
             projector.add_back_mixed(param, *mixed[k])
         else:
             projector.add_back(param, update.direction, -update.step_size)
-    if not backend.decay_first and decay:
-        torch._foreach_add_(params, params, alpha=-decay)
+    if not backend.decay_first:
+        decay_together(params, [update.decay for update in updates])
     for projector, state in zip(projectors, states, strict=True):
         after(backend, state, group, projector)
 
@@ -106,9 +106,8 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
     z_columns = torch.cat([columns(update.direction, mode) for update, mode in zip(updates, modes, strict=True)], dim=1)
     r_views = [columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)]
     r_columns = torch.cat(r_views, dim=1)
-    # update_together's updates share one unit (AdamW's normalized step: 1)
     phi = complement_weights_together(z_columns, r_columns, [param.grad for param in params], modes, states,
-                                      unit=updates[0].unit, cap=group["residual_cap"])
+                                      units=[update.unit for update in updates], cap=group["residual_cap"])
     if any(projector.inv_p is not None for projector in projectors):  # PLUMAGE's D⁻¹ rescales Z after φ is taken
         z_columns = torch.cat([columns(projector.rescaled(update.direction), mode)
                                for update, projector, mode in zip(updates, projectors, modes, strict=True)], dim=1)
@@ -128,6 +127,24 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
     return [(columns(part, mode), Outside(param.grad, low, weights.view(_along_columns(low.shape, mode)), beta))
             for param, low, mode, (_, beta), part, weights
             in zip(params, low_grads, modes, pairs, mixed.split(widths, dim=1), phi.split(widths), strict=True)]
+
+
+def decay_together(params: list[torch.Tensor], decays: list[float]) -> None:
+    """W ← W − decay · W for each weight, as apply_update forms it, in one call per run of weights sharing a decay
+    (AdamW's lr × weight_decay is the group's; Adafactor's scales with each weight's own step size)."""
+    first = 0
+    for decay, run in itertools.groupby(decays):
+        last = first + len(list(run))
+        if decay:
+            torch._foreach_add_(params[first:last], params[first:last], alpha=-decay)
+        first = last
+
+
+def _rows(projector) -> int | None:
+    """The axis of a low-rank gradient that indexes the basis vectors, as Backend.update takes it (None for a basis on
+    every mode)."""
+    modes = tuple(projector.factors)
+    return modes[0] if len(modes) == 1 else None
 
 
 def columns(low: torch.Tensor, mode: int) -> torch.Tensor:

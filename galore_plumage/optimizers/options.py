@@ -214,16 +214,16 @@ OPTIONS: tuple[Option, ...] = (
            "refresh falls on the same step in one batched torch.linalg call (weights held whole, refresh_ema 0): fewer, "
            "larger calls, for a GPU; the call holds a copy of those gradients; 1 = each weight on its own",
            _check_refresh_batch, (0, -2, 2.5, True, "4", None), parse=int, applies=_needs_spectrum),
-    Option("foreach", None, "adamw: take the steady updates of a group's low-rank weights together, their "
-           "moments advanced and weights decayed in a few torch._foreach calls for all of them instead of a dozen "
-           "kernels each, as torch.optim's multi-tensor Adam, and the complement's weights computed for all at once "
+    Option("foreach", None, "take the steady updates of a group's low-rank weights together: their moments advanced "
+           "(adamw, sgdm; 8-bit and Adafactor each its own) and weights decayed in a few torch._foreach calls for all of "
+           "them instead of a dozen kernels each, as torch.optim's multi-tensor Adam, and the complement's weights "
+           "computed for all at once "
            "(the same numbers, to float32 rounding where the complement moves; not in per-layer mode, on FSDP2 shards, "
            "or for an update that refreshes, draws with sampled_step 'norm_matched' or first moves the complement, "
            "which step one by one). None: as torch.optim, "
            "on where the weights are on a GPU (0.69-0.73x galore-torch's steady step on an H200 against 1.04-1.10x "
            "one by one, docs/step_time_cuda.md) unless compile_update, off on a CPU (3-6 % slower there, "
-           "docs/step_time.md)", _check_optional_bool("foreach"), ("yes", 1),
-           parse=bool, applies=_needs_adamw),
+           "docs/step_time.md)", _check_optional_bool("foreach"), ("yes", 1), parse=bool),
     Option("compile_update", False, "adamw: fuse each weight's moment update (v_floor, M, V and Adam's direction) into "
            "one kernel with torch.compile instead of about ten (needs a C++ compiler on a CPU, Triton on a GPU; the "
            "first updates pay the compilation, seconds; the same numbers to float rounding; not with foreach or "

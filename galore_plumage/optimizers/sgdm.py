@@ -5,6 +5,8 @@ The paper's debiasing study: without a second moment, the bias of a top-r projec
 
 from __future__ import annotations
 
+import torch
+
 from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_non_negative
 from .options import option_defaults
 from .realign import realign_dense
@@ -13,6 +15,7 @@ from .realign import realign_dense
 class SGDMomentumBackend(Backend):
     name = "sgdm"
     row_keys = ("momentum_buffer",)
+    moments_key = "momentum_buffer"
     defaults = {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.0}
 
     def validate(self, group):
@@ -26,6 +29,13 @@ class SGDMomentumBackend(Backend):
         else:
             state["momentum_buffer"].mul_(group["momentum"]).add_(grad)
         return Update(state["momentum_buffer"], group["lr"], group["lr"] * group["weight_decay"])
+
+    def update_together(self, states, grads, group, params, rows):
+        """update() of several weights whose buffers exist, in two torch._foreach calls (the same numbers)."""
+        buffers = [state["momentum_buffer"] for state in states]
+        torch._foreach_mul_(buffers, group["momentum"])
+        torch._foreach_add_(buffers, grads)
+        return [Update(buffer, group["lr"], group["lr"] * group["weight_decay"]) for buffer in buffers]
 
     def realign(self, state, projector, rule):
         if "momentum_buffer" in state:

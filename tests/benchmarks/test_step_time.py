@@ -73,15 +73,17 @@ def test_only_keeps_the_named_rows_and_every_galore_torch_reference():
     assert {c.name for c in step_time.selected(step_time.candidates(), None)} == {c.name for c in step_time.candidates()}
 
 
-def test_the_large_batch_row_is_what_torchrun_main_pretrains_with_from_4096_tokens():
-    """The row's options are those training/config derives for plumage_adamw at 16 x 256 tokens an update."""
+@pytest.mark.parametrize("optimizer_class", [PlumageAdamW, PlumageAdamW8bit], ids=["adamw", "adamw8bit"])
+def test_the_large_batch_row_is_what_torchrun_main_pretrains_with_from_4096_tokens(optimizer_class):
+    """The rows' options are those training/config derives for plumage_adamw(8bit) at 16 x 256 tokens an update."""
     from galore_plumage.training.config import parse_config
 
-    derived = parse_config(["--batch_size", "16", "--max_length", "256"]).low_rank
+    backend = optimizer_class.backend.name
+    derived = parse_config(["--optimizer", f"plumage_{backend}", "--batch_size", "16", "--max_length", "256"]).low_rank
     assert derived["v_floor"] == "none" and derived["residual"] == "norm_matched"
-    pretraining = train(lambda params: PlumageAdamW([{"params": params, "rank": 8, "update_proj_gap": 2,
-                                                      "proj_type": "std", **derived}], **step_time.OPTIONS["adamw"]))
-    rows = [c for c in step_time.candidates() if "large-batch" in c.name]
+    pretraining = train(lambda params: optimizer_class([{"params": params, "rank": 8, "update_proj_gap": 2,
+                                                         "proj_type": "std", **derived}], **step_time.OPTIONS[backend]))
+    rows = [c for c in step_time.candidates() if "large-batch" in c.name and c.family == backend]
     # foreach auto (the row) and one by one: the same numbers on a CPU, bit for bit; + foreach to float32 rounding (the
     # complement's norms over the weights' columns side by side, tests/optimizers/test_multi_tensor.py)
     assert len(rows) == 3

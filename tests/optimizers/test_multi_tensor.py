@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from galore_plumage import PlumageAdamW, build_optimizer
-from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_PAPER, PLUMAGE_SAMPLED, base, multi_tensor
+from galore_plumage import PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit, build_optimizer
+from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_PAPER, PLUMAGE_SAMPLED, PlumageSGDM, base, multi_tensor
 from galore_plumage.optimizers.multi_tensor import foreach_on
 
 
@@ -30,13 +30,15 @@ class Layer(nn.Module):
         return [*self.square.parameters(), *self.up.parameters(), self.down.weight]
 
 
-def train(foreach: bool, steps: int = 12, resting: int | None = None, dtype: torch.dtype = torch.float32, **options):
-    """`resting`: the index of a weight that gets no gradient on every third step."""
+def train(foreach: bool, steps: int = 12, resting: int | None = None, dtype: torch.dtype = torch.float32,
+          optimizer_class=PlumageAdamW, hyper: dict | None = None, **options):
+    """`resting`: the index of a weight that gets no gradient on every third step; `hyper`: the optimizer's own
+    arguments (AdamW's lr and decay by default)."""
     torch.manual_seed(0)
     layer = Layer().to(dtype)
     groups = [{"params": layer.matrices(), "rank": 6, "update_proj_gap": 4, "foreach": foreach, **options},
               {"params": list(layer.norm.parameters())}]
-    optimizer = PlumageAdamW(groups, lr=1e-2, weight_decay=0.1)
+    optimizer = optimizer_class(groups, **(hyper or {"lr": 1e-2, "weight_decay": 0.1}))
     data = torch.Generator().manual_seed(1)
     for step in range(steps):
         for param in layer.parameters():
@@ -77,13 +79,37 @@ def same(a: torch.Tensor, b: torch.Tensor, exact: bool) -> bool:
 
 @pytest.mark.parametrize("name", SETTINGS)
 def test_taken_together_trains_as_one_by_one(name, monkeypatch):
-    options, exact = SETTINGS[name], name not in MOVES_THE_COMPLEMENT
+    check_together_as_one_by_one(SETTINGS[name], name not in MOVES_THE_COMPLEMENT, monkeypatch)
+
+
+# the other backends, each on its plumage_* defaults and with torchrun's large-batch complement: 8-bit AdamW and
+# Adafactor advance each weight's moments on its own (Backend.update_together), SGD momentum in _foreach calls; the
+# complement and the decay are taken together for all. Adafactor at its relative step scaled by each weight's RMS: every
+# weight its own step size (Update.unit) and decay
+OTHER_BACKENDS = {
+    "adamw8bit": (PlumageAdamW8bit, {"lr": 1e-2, "weight_decay": 0.1}, {}),
+    "adafactor": (PlumageAdafactor, {"weight_decay": 0.1, "beta1": 0.9}, {"residual_horizon": 2}),
+    "sgdm": (PlumageSGDM, {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1}, {}),
+}
+
+
+@pytest.mark.parametrize("complement", [False, True], ids=["defaults", "fira_complement"])
+@pytest.mark.parametrize("backend", OTHER_BACKENDS)
+def test_every_backend_takes_its_updates_together_as_one_by_one(backend, complement, monkeypatch):
+    optimizer_class, hyper, options = OTHER_BACKENDS[backend]
+    if complement:
+        options = {**FIRA_COMPLEMENT, **({"v_floor": "none"} if backend == "adamw8bit" else {})}
+    moves = complement or backend == "adafactor"  # plumage_adafactor's own complement, 2 updates after a refresh
+    check_together_as_one_by_one(options, not moves, monkeypatch, optimizer_class=optimizer_class, hyper=hyper)
+
+
+def check_together_as_one_by_one(options: dict, exact: bool, monkeypatch, **build):
     calls = []
     real = base.step_together
     monkeypatch.setattr(base, "step_together", lambda opt, group, params, after: calls.append(len(params))
                         or real(opt, group, params, after))
-    together, together_optimizer = train(True, resting=2, **options)
-    single, single_optimizer = train(False, resting=2, **options)
+    together, together_optimizer = train(True, resting=2, **build, **options)
+    single, single_optimizer = train(False, resting=2, **build, **options)
     # every weight of the group, or those not refreshing (staggered: one or two refresh at most steps)
     assert calls and max(calls) >= (5 if options.get("stagger") else 7) and min(calls) >= 2, calls
     for a, b in zip(together.parameters(), single.parameters(), strict=True):
@@ -207,12 +233,6 @@ def test_per_layer_mode_steps_one_by_one_and_trains_as_without_foreach():
     together, single = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(together, single, strict=True))
     assert not torch.equal(together[0], Layer().square[0].weight)
-
-
-@pytest.mark.parametrize("name", ["plumage_adamw8bit", "plumage_adafactor", "plumage_sgdm"])
-def test_foreach_on_another_backend_is_refused_naming_it(name):
-    with pytest.raises(ValueError, match="foreach=True does not apply here: it needs the adamw backend"):
-        build_optimizer(name, Layer(), rank=6, target_modules=("square",), foreach=True)
 
 
 def test_foreach_left_unset_is_on_for_weights_on_a_gpu_unless_each_update_is_compiled():
