@@ -167,3 +167,31 @@ def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option
         return torch.cat([w.detach().flatten() for w in weights]) - start
 
     assert relative_difference(run(True, sync_check=True), run(False)) < FP32_RTOL
+
+
+@pytest.mark.parametrize("name, extra", [("PlumageAdamW8bit", {**FIRA_COMPLEMENT, "v_floor": "none"}),
+                                         ("PlumageAdafactor", {}), ("PlumageSGDM", FIRA_COMPLEMENT)],
+                         ids=["8-bit, Fira's complement", "Adafactor's draws", "SGD momentum, Fira's complement"])
+def test_every_backend_takes_its_updates_together_on_cuda_as_one_by_one(name, extra):
+    """foreach on the other backends (session 45; on by default on a GPU): the complement and the decay taken together,
+    SGD momentum's buffers in _foreach calls, 8-bit's and Adafactor's moments each weight's own; the same updates as one
+    by one to float32 rounding (on a CPU: tests/optimizers/test_multi_tensor.py)."""
+    import galore_plumage.optimizers as optimizers
+
+    hyper = {"PlumageAdamW8bit": {"lr": 1e-2}, "PlumageAdafactor": {"beta1": 0.9},
+             "PlumageSGDM": {"lr": 1e-2, "momentum": 0.9}}[name]
+
+    def run(foreach):
+        torch.manual_seed(0)
+        weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
+        start = torch.cat([w.detach().flatten() for w in weights])
+        optimizer = getattr(optimizers, name)([{"params": weights, "rank": 8, "update_proj_gap": 3, "foreach": foreach,
+                                                **extra}], weight_decay=0.1, **hyper)
+        generator = torch.Generator(device="cuda").manual_seed(1)
+        for _ in range(7):
+            for weight in weights:
+                weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
+            optimizer.step()
+        return torch.cat([w.detach().flatten() for w in weights]) - start
+
+    assert relative_difference(run(True), run(False)) < FP32_RTOL
