@@ -7,6 +7,7 @@ before the update with that step size, as galore-torch does.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -26,6 +27,16 @@ def _inverse_sqrt_factored(row: torch.Tensor, col: torch.Tensor, row_mean: torch
     r_factor = (row / row_mean).rsqrt_().unsqueeze(-1)
     c_factor = col.unsqueeze(-2).rsqrt()
     return torch.mul(r_factor, c_factor)
+
+
+def _foreach_add_by_run(tensors: list[torch.Tensor], others: list[torch.Tensor], alphas: list[float]) -> None:
+    """tensors[k].add_(others[k], alpha=alphas[k]) in one torch._foreach call per run of equal alphas (add_ with an
+    alpha rounds as it does; a product taken first would not)."""
+    first = 0
+    for alpha, run in itertools.groupby(alphas):
+        last = first + len(list(run))
+        torch._foreach_add_(tensors[first:last], others[first:last], alpha=alpha)
+        first = last
 
 
 def adafactor_step_size(group: dict, step: int, rms: float) -> float:
@@ -118,6 +129,52 @@ class AdafactorBackend(Backend):
         # the step carries step_size (the lr, or Adafactor's relative step): per unit of it for the limiters
         return Update(update, 1.0, group["weight_decay"] * step_size, unit=step_size)
 
+    def update_together(self, states, grads, group, params, rows):
+        """update() of several factored low-rank weights whose moments exist, the same arithmetic op for op: the
+        elementwise steps in torch._foreach calls for all of them (a step count, a step size or a β2 of each weight's
+        own as a list of scalars), the reductions along one axis (row and column means, the outer product of the
+        factors, the clipping division) one per weight, and the parameters' RMS, where each update reads it, read back
+        in one transfer instead of one per weight. One weight at a time where a step size is 0 (a warm-up's lr 0:
+        update() keeps that update's unscaled step) or a weight is not a matrix."""
+        if any(grad.dim() != 2 for grad in grads):
+            return super().update_together(states, grads, group, params, rows)
+        grads = [grad.float() for grad in grads]
+        measured = [k for k, state in enumerate(states) if group["scale_parameter"] or "RMS" not in state]
+        if measured:  # one read-back for all (update(): an .item() each)
+            norms = torch._foreach_norm([params[k].float() for k in measured])
+            sizes = torch.stack(norms) / torch.tensor([params[k].numel() ** 0.5 for k in measured], device=norms[0].device)
+            for k, rms in zip(measured, sizes.tolist(), strict=True):
+                states[k]["RMS"] = rms
+        step_sizes = [adafactor_step_size(group, state["step"], state["RMS"]) for state in states]
+        if 0 in step_sizes:
+            return super().update_together(states, grads, group, params, rows)
+        beta2ts = [1.0 - math.pow(state["step"], group["decay_rate"]) for state in states]
+        squares = torch._foreach_pow(grads, 2)
+        torch._foreach_add_(squares, group["eps"][0])
+        row_factors, col_factors = [s["exp_avg_sq_row"] for s in states], [s["exp_avg_sq_col"] for s in states]
+        for factors, means in ((row_factors, [square.mean(dim=-1) for square in squares]),
+                               (col_factors, [self._mean_over_rows(square) for square in squares])):
+            torch._foreach_mul_(factors, beta2ts)
+            _foreach_add_by_run(factors, means, [1.0 - beta2t for beta2t in beta2ts])
+        row_scaled = torch._foreach_div(row_factors, [self._mean_of_row_factor(row) for row in row_factors])
+        torch._foreach_rsqrt_(row_scaled)
+        col_scaled = torch._foreach_rsqrt(col_factors)
+        updates = [torch.mul(row.unsqueeze(-1), col.unsqueeze(-2)) for row, col in zip(row_scaled, col_scaled, strict=True)]
+        torch._foreach_mul_(updates, grads)
+        clips = torch._foreach_div(torch._foreach_norm(updates), [update.numel() ** 0.5 for update in updates])
+        torch._foreach_div_(clips, group["clip_threshold"])
+        torch._foreach_clamp_min_(clips, 1.0)
+        for update, clip in zip(updates, clips, strict=True):
+            update.div_(clip)
+        torch._foreach_mul_(updates, step_sizes)
+        if group["beta1"] is not None:
+            exp_avgs = [state["exp_avg"] for state in states]
+            torch._foreach_mul_(exp_avgs, group["beta1"])
+            torch._foreach_add_(exp_avgs, updates, alpha=1.0 - group["beta1"])
+            updates = exp_avgs
+        return [Update(update, 1.0, group["weight_decay"] * step_size, unit=step_size)
+                for update, step_size in zip(updates, step_sizes, strict=True)]
+
     @staticmethod
     def _rms(tensor: torch.Tensor) -> torch.Tensor:
         return _rms(tensor)
@@ -157,6 +214,9 @@ class ShardedAdafactor(AdafactorBackend):
 
     def __init__(self, group: dist.ProcessGroup):
         self.group = group
+
+    # a shard's update reads sums over ranks; its weights step one at a time (multi_tensor takes whole weights only)
+    update_together = Backend.update_together
 
     def _summed(self, sums: torch.Tensor, count: int) -> torch.Tensor:
         """(Σ over ranks of `sums`) / (Σ over ranks of `count`), computed in float64 so counts stay exact."""

@@ -108,8 +108,8 @@ class Backend:
     def update_together(self, states: list[dict], grads: list[torch.Tensor], group: dict,
                         params: list[torch.Tensor], rows: list[int | None]) -> list[Update]:
         """update() of several low-rank weights of one group whose moments exist, with `rows` as update() takes it
-        (multi_tensor.step_together): here one weight at a time; AdamW and SGD momentum advance the moments of all of
-        them in a few torch._foreach calls (the same arithmetic, so the same numbers)."""
+        (multi_tensor.step_together): here one weight at a time; AdamW, Adafactor and SGD momentum advance the moments
+        of all of them in torch._foreach calls (the same arithmetic, so the same numbers)."""
         return [self.update(state, grad, group, param, rows=row)
                 for state, grad, param, row in zip(states, grads, params, rows, strict=True)]
 

@@ -4,19 +4,19 @@ One weight's steady update is two matmuls (project, add back) around a dozen ele
 and Fira's complement (residual.py) some thirty more on per-column norms. On a GPU, at small and medium sizes,
 launching those kernels one weight at a time costs more than running them; with `foreach` the moments of every weight
 of the group that takes a steady update this step advance in a handful of torch._foreach calls for all of them (AdamW,
-SGD momentum; 8-bit AdamW and Adafactor still advance each weight's own, Backend.update_together), the complement's
-weights and its share of the low-rank update are computed on all of their columns laid side by side
-(complement_together), and the decoupled decay of their weights is one more call. What stays one per weight is what
-reads or writes a whole weight: its two matmuls and, where the complement moves, a norm of its gradient's columns and
-the add-back of β φ ⊙ G; and everything a weight does on its own (a refresh, a draw).
+Adafactor, SGD momentum; 8-bit AdamW advances each weight's own, Backend.update_together), the complement's weights
+and its share of the low-rank update are computed on all of their columns laid side by side (complement_together),
+and the decoupled decay of their weights is one more call. What stays one per weight is what reads or writes a whole
+weight: its two matmuls and, where the complement moves, a norm of its gradient's columns and the add-back of
+β φ ⊙ G; and everything a weight does on its own (a refresh, a draw).
 
-Taken together: weights of a low-rank group with foreach on, on any backend, held whole
-(not FSDP2-sharded), stepped with their full gradient (not per-layer mode), whose moments exist, with no refresh due,
-the complement's limiter holding a reference where the complement moves this update, PLUMAGE's sampled rows stepping
-as the backend steps them (sampled_step 'adaptive'), and no row_bias_correction or refresh_ema; when no step observer
-is attached. Every other weight steps one by one. The arithmetic is the one-by-one path's, op for op, so the weights
-and moments are the same: bit for bit on a CPU where the complement does not move, to float32 rounding where it does
-(its norms over columns laid side by side may add in another order; tests/optimizers/test_multi_tensor.py).
+Taken together: weights of a low-rank group with foreach on, on any backend, held whole (not FSDP2-sharded), stepped
+with their full gradient (not per-layer mode), whose moments exist, with no refresh due, the complement's limiter
+holding a reference where the complement moves this update, PLUMAGE's sampled rows stepping as the backend steps them
+(sampled_step 'adaptive'), and no row_bias_correction or refresh_ema; when no step observer is attached. Every other
+weight steps one by one. The arithmetic is the one-by-one path's, op for op, so the weights and moments are the same:
+bit for bit on a CPU where the complement does not move, to float32 rounding where it does (its norms over columns
+laid side by side may add in another order; tests/optimizers/test_multi_tensor.py).
 """
 
 from __future__ import annotations

@@ -215,7 +215,7 @@ OPTIONS: tuple[Option, ...] = (
            "larger calls, for a GPU; the call holds a copy of those gradients; 1 = each weight on its own",
            _check_refresh_batch, (0, -2, 2.5, True, "4", None), parse=int, applies=_needs_spectrum),
     Option("foreach", None, "take the steady updates of a group's low-rank weights together: their moments advanced "
-           "(adamw, sgdm; 8-bit and Adafactor each its own) and weights decayed in a few torch._foreach calls for all of "
+           "(adamw, adafactor, sgdm; 8-bit each weight's own) and weights decayed in a few torch._foreach calls for all of "
            "them instead of a dozen kernels each, as torch.optim's multi-tensor Adam, and the complement's weights "
            "computed for all at once "
            "(the same numbers, to float32 rounding where the complement moves; not in per-layer mode, on FSDP2 shards, "

@@ -82,24 +82,30 @@ def test_taken_together_trains_as_one_by_one(name, monkeypatch):
     check_together_as_one_by_one(SETTINGS[name], name not in MOVES_THE_COMPLEMENT, monkeypatch)
 
 
-# the other backends, each on its plumage_* defaults and with torchrun's large-batch complement: 8-bit AdamW and
-# Adafactor advance each weight's moments on its own (Backend.update_together), SGD momentum in _foreach calls; the
-# complement and the decay are taken together for all. Adafactor at its relative step scaled by each weight's RMS: every
-# weight its own step size (Update.unit) and decay
+# the other backends, each on its plumage_* defaults, without a complement and with torchrun's large-batch one: 8-bit
+# AdamW advances each weight's moments on its own (Backend.update_together), Adafactor and SGD momentum in _foreach
+# calls; the complement and the decay are taken together for all. Adafactor at its relative step scaled by each
+# weight's RMS: every weight its own step size (Update.unit) and decay
 OTHER_BACKENDS = {
     "adamw8bit": (PlumageAdamW8bit, {"lr": 1e-2, "weight_decay": 0.1}, {}),
     "adafactor": (PlumageAdafactor, {"weight_decay": 0.1, "beta1": 0.9}, {"residual_horizon": 2}),
+    # ... at an lr, as torchrun_main.py runs it (no relative step, no parameter scaling: one step size for all)
+    "adafactor_lr": (PlumageAdafactor, {"lr": 1e-2, "relative_step": False, "scale_parameter": False,
+                                        "weight_decay": 0.1, "beta1": 0.9}, {"residual_horizon": 2}),
     "sgdm": (PlumageSGDM, {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1}, {}),
 }
 
 
-@pytest.mark.parametrize("complement", [False, True], ids=["defaults", "fira_complement"])
+@pytest.mark.parametrize("complement", ["defaults", "none", "fira"])
 @pytest.mark.parametrize("backend", OTHER_BACKENDS)
 def test_every_backend_takes_its_updates_together_as_one_by_one(backend, complement, monkeypatch):
     optimizer_class, hyper, options = OTHER_BACKENDS[backend]
-    if complement:
+    if complement == "none":
+        options = {**options, "residual": "none"}
+    elif complement == "fira":
         options = {**FIRA_COMPLEMENT, **({"v_floor": "none"} if backend == "adamw8bit" else {})}
-    moves = complement or backend == "adafactor"  # plumage_adafactor's own complement, 2 updates after a refresh
+    # plumage_adafactor's defaults move its own complement on the 2 updates after a refresh
+    moves = complement == "fira" or (complement == "defaults" and backend.startswith("adafactor"))
     check_together_as_one_by_one(options, not moves, monkeypatch, optimizer_class=optimizer_class, hyper=hyper)
 
 
