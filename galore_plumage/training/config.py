@@ -18,6 +18,7 @@ from pathlib import Path
 from ..optimizers import (
     DEFAULT_LR,
     OPTIONS,
+    PLUMAGE_CLASSES,
     PRESET_FLAG_HELP,
     PRESETS,
     PRETRAIN_REGULAR_LR_RATIO,
@@ -25,7 +26,6 @@ from ..optimizers import (
     RECOMMENDED_LR,
     RULES,
     LayerwiseOptimizer,
-    PlumageAdamW,
     check_optimizer_options,
     check_regular_lr,
     check_regular_lr_ratio,
@@ -65,6 +65,11 @@ BATCH_LAYOUT = frozenset({"world_size", "batch_size", "gradient_accumulation"})
 def _recommended_lrs() -> str:
     named = [f"{family}_{backend}: {lr:g}" for (family, backend), lr in RECOMMENDED_LR.items()]
     return (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
+
+
+def _plumage_scales() -> str:
+    scales = [f"{cls.class_defaults['scale']:g} for plumage_{backend}" for backend, cls in PLUMAGE_CLASSES.items()]
+    return ", " + ", ".join(scales)
 
 
 def _regular_lr_ratios() -> str:
@@ -133,8 +138,7 @@ class TrainConfig:
     rank: int = flag(128, "rank of the low-rank projection")
     update_proj_gap: int = flag(200, "updates between projection refreshes (τ)")
     galore_scale: float = flag(None, "scale of the projected-back update; default: the optimizer's (0.25 for galore_* "
-                                      f"as GaLore's recipe, {PlumageAdamW.class_defaults['scale']:g} for "
-                                      "plumage_adamw, 1.0 otherwise)")
+                                      "as GaLore's recipe" + _plumage_scales() + ")")
     proj_type: str = flag("std", "which side of each weight is projected", choices=PROJ_TYPES)
     projector: str = flag(None, "override the optimizer's projector (plumage_adamw(8bit): svd since session 17, the "
                                 "pretraining protocol's best; 'plumage' for PLUMAGE's draws)", choices=list_projectors())
