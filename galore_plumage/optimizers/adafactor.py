@@ -7,7 +7,6 @@ before the update with that step size, as galore-torch does.
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
@@ -15,6 +14,7 @@ import torch.distributed as dist
 
 from ..projectors import projector_spec
 from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
+from .multi_tensor import runs
 from .realign import realign_dense, realign_factored
 
 
@@ -27,16 +27,6 @@ def _inverse_sqrt_factored(row: torch.Tensor, col: torch.Tensor, row_mean: torch
     r_factor = (row / row_mean).rsqrt_().unsqueeze(-1)
     c_factor = col.unsqueeze(-2).rsqrt()
     return torch.mul(r_factor, c_factor)
-
-
-def _foreach_add_by_run(tensors: list[torch.Tensor], others: list[torch.Tensor], alphas: list[float]) -> None:
-    """tensors[k].add_(others[k], alpha=alphas[k]) in one torch._foreach call per run of equal alphas (add_ with an
-    alpha rounds as it does; a product taken first would not)."""
-    first = 0
-    for alpha, run in itertools.groupby(alphas):
-        last = first + len(list(run))
-        torch._foreach_add_(tensors[first:last], others[first:last], alpha=alpha)
-        first = last
 
 
 def adafactor_step_size(group: dict, step: int, rms: float) -> float:
@@ -155,7 +145,8 @@ class AdafactorBackend(Backend):
         for factors, means in ((row_factors, [square.mean(dim=-1) for square in squares]),
                                (col_factors, [self._mean_over_rows(square) for square in squares])):
             torch._foreach_mul_(factors, beta2ts)
-            _foreach_add_by_run(factors, means, [1.0 - beta2t for beta2t in beta2ts])
+            for alpha, run in runs([1.0 - beta2t for beta2t in beta2ts]):  # add_'s alpha rounds as update()'s does
+                torch._foreach_add_(factors[run], means[run], alpha=alpha)
         row_scaled = torch._foreach_div(row_factors, [self._mean_of_row_factor(row) for row in row_factors])
         torch._foreach_rsqrt_(row_scaled)
         col_scaled = torch._foreach_rsqrt(col_factors)

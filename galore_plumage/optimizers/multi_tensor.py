@@ -22,6 +22,7 @@ laid side by side may add in another order; tests/optimizers/test_multi_tensor.p
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import torch
 
@@ -117,12 +118,10 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
              for update, projector in zip(updates, projectors, strict=True)]
     widths = [view.shape[1] for view in r_views]
     edges = [0, *itertools.accumulate(widths)]
-    pieces, first = [], 0
-    for (alpha, beta), run in itertools.groupby(pairs):
-        last = first + len(list(run))
-        start, stop = edges[first], edges[last]
+    pieces = []
+    for (alpha, beta), run in runs(pairs):
+        start, stop = edges[run.start], edges[run.stop]
         pieces.append(alpha * z_columns[:, start:stop] - beta * (phi[start:stop] * r_columns[:, start:stop]))
-        first = last
     mixed = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
     return [(columns(part, mode), Outside(param.grad, low, weights.view(_along_columns(low.shape, mode)), beta))
             for param, low, mode, (_, beta), part, weights
@@ -132,11 +131,18 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
 def decay_together(params: list[torch.Tensor], decays: list[float]) -> None:
     """W ← W − decay · W for each weight, as apply_update forms it, in one call per run of weights sharing a decay
     (AdamW's lr × weight_decay is the group's; Adafactor's scales with each weight's own step size)."""
-    first = 0
-    for decay, run in itertools.groupby(decays):
-        last = first + len(list(run))
+    for decay, run in runs(decays):
         if decay:
-            torch._foreach_add_(params[first:last], params[first:last], alpha=-decay)
+            torch._foreach_add_(params[run], params[run], alpha=-decay)
+
+
+def runs(values: list) -> Iterator[tuple[object, slice]]:
+    """Each run of equal consecutive `values`, with the slice of the list it spans: a _foreach call takes one scalar
+    (an alpha) for all its tensors, so weights whose scalars differ (a step count, a step size) go in one call a run."""
+    first = 0
+    for value, run in itertools.groupby(values):
+        last = first + len(list(run))
+        yield value, slice(first, last)
         first = last
 
 
