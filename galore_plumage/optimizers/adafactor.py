@@ -132,8 +132,8 @@ class AdafactorBackend(Backend):
         measured = [k for k, state in enumerate(states) if group["scale_parameter"] or "RMS" not in state]
         if measured:  # one read-back for all (update(): an .item() each)
             norms = torch._foreach_norm([params[k].float() for k in measured])
-            sizes = torch.stack(norms) / torch.tensor([params[k].numel() ** 0.5 for k in measured], device=norms[0].device)
-            for k, rms in zip(measured, sizes.tolist(), strict=True):
+            sizes = torch._foreach_div(norms, [params[k].numel() ** 0.5 for k in measured])  # as _rms divides
+            for k, rms in zip(measured, torch.stack(sizes).tolist(), strict=True):
                 states[k]["RMS"] = rms
         step_sizes = [adafactor_step_size(group, state["step"], state["RMS"]) for state in states]
         if 0 in step_sizes:
