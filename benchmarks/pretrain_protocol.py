@@ -374,6 +374,11 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                          (0.1, 0.2, 0.05)),
     "galore_sgdm_recipe_ratio2": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25", "--regular_lr_ratio", "2"],
                                   (0.1, 0.2, 0.05)),
+    # ... the draws at one lr (session 45's sweep: at 2x the regular group's SGD spikes at the lr where the low-rank
+    # group would want it, 0.05 x 2), at GaLore's scale and at twice it
+    **{f"plumage_sgdm_draws{name}": ("plumage_sgdm", ["--beta1", "0.9", "--galore_scale", scale, "--pool_bf16",
+                                                       "--regular_lr_ratio", "1", *ADAFACTOR_DRAWS], (0.05, 0.025, 0.1))
+       for name, scale in (("_recipe", "0.25"), ("_scale05", "0.5"))},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
