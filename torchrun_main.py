@@ -34,7 +34,7 @@ import sys
 
 import torch
 
-from galore_plumage.training import init_distributed, parse_config, train
+from galore_plumage.training import DIVERGED, init_distributed, parse_config, train
 from galore_plumage.training.distributed import shutdown, world_size_from_env
 
 
@@ -50,7 +50,10 @@ def main(argv=None) -> int:
     try:
         train(config, context)
         succeeded = True
-    except (ValueError, OSError, RuntimeError, FloatingPointError) as error:  # CheckpointError is a ValueError
+    except FloatingPointError as error:  # the loss diverged: a result of the settings, not a failure of the run
+        print(f"torchrun_main.py: error: {error}", file=sys.stderr)
+        return DIVERGED
+    except (ValueError, OSError, RuntimeError) as error:  # CheckpointError is a ValueError
         print(f"torchrun_main.py: error: {error}", file=sys.stderr)
         return 1
     finally:

@@ -32,6 +32,8 @@ from plot_runs import load_run, plot_losses  # noqa: E402
 from plumage_flags import plumage_flags, with_family_pins  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
+from galore_plumage.training import DIVERGED  # noqa: E402
+
 LRS = (1e-3, 3e-3, 1e-2)
 PAPER = plumage_flags()
 NORM_MATCHED = plumage_flags(sampled_step="norm_matched")
@@ -434,9 +436,9 @@ def ensure(args, label: str, lr: float, seed: int) -> list[float] | None:
     try:
         return run_or_reuse(command, save_dir, _evals, f"{label} lr {lr:g} seed {seed}", report_only=args.report_only,
                             keep_stderr=True)
-    except subprocess.CalledProcessError:
+    except subprocess.CalledProcessError as error:
         stderr = (save_dir / "stderr.txt").read_text() if (save_dir / "stderr.txt").exists() else ""
-        if "FloatingPointError" not in stderr:  # a crash is no result: stop and show it
+        if error.returncode != DIVERGED:  # a crash is no result: stop and show it
             raise
         (save_dir / "diverged").write_text(" ".join(command[1:]) + "\n" + stderr.strip().splitlines()[-1])
         return [math.inf]

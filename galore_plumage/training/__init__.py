@@ -2,6 +2,6 @@
 
 from .config import TrainConfig, build_parser, parse_config, resolve
 from .distributed import Dist, init_distributed
-from .loop import train
+from .loop import DIVERGED, train
 
-__all__ = ["Dist", "TrainConfig", "build_parser", "init_distributed", "parse_config", "resolve", "train"]
+__all__ = ["DIVERGED", "Dist", "TrainConfig", "build_parser", "init_distributed", "parse_config", "resolve", "train"]

@@ -42,6 +42,10 @@ from .schedule import build_scheduler, step_scheduler
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
+# torchrun_main.py's exit status when the loss became non-finite: a run that diverged, told apart from one that failed
+# (benchmarks/pretrain_protocol.py counts it as a result, +inf)
+DIVERGED = 3
+
 
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
@@ -233,7 +237,7 @@ class Trainer:
         return loss_sum
 
     def update(self) -> None:
-        """One optimizer update, logged."""
+        """One optimizer update, logged; FloatingPointError on a non-finite loss (torchrun_main.py exits DIVERGED)."""
         config = self.config
         loss_sum = self.forward_backward()
         if not torch.isfinite(loss_sum):

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from train_helpers import DIST_VARS, REPO, hidden_entries, read_metrics, subprocess_env, tiny_run_flags, write_corpus
 
 import torchrun_main
+from galore_plumage.training import DIVERGED
 
 UPDATES = 10
 RUN_TIMEOUT_S = 240
@@ -147,14 +148,15 @@ def test_a_second_run_or_a_resume_with_other_flags_is_refused_and_changes_nothin
 
 
 def test_a_diverged_run_ends_with_one_line(flags, tmp_path, monkeypatch, capsys):
-    """A non-finite loss (FloatingPointError) used to end in a traceback; now one line names the update, and no
-    half-written checkpoint is left."""
+    """A non-finite loss (FloatingPointError) used to end in a traceback; now one line names the update, the exit
+    status says the run diverged (what benchmarks/pretrain_protocol.py counts as +inf), and no half-written checkpoint
+    is left."""
     for var in DIST_VARS:
         monkeypatch.delenv(var, raising=False)
     save_dir = tmp_path / "wild"
     code = torchrun_main.main(flags + ["--save_dir", str(save_dir), "--lr", "1e6"])
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == DIVERGED == 3
     assert err.startswith("torchrun_main.py: error: non-finite training loss at update ") and err.count("\n") == 1, err
     assert hidden_entries(save_dir) == []
 
