@@ -52,10 +52,16 @@ def adafactor_draws(**overrides) -> list[str]:
 
 
 ADAFACTOR_DRAWS = adafactor_draws()
-# the paper's estimator as plumage_sgdm runs it (momentum carried by rule m; no row_bias_correction, an AdamW option)
-SGDM_PAPER = plumage_flags(row_bias_correction=None, realign="m")
 # ... at GaLore's scale 0.25 with the regular group at 2x (plumage_adafactor's default since session 42)
 ADAFACTOR_DRAWS_RECIPE_RATIO2 = ["--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2"]
+
+
+def sgdm_paper(**overrides) -> list[str]:
+    """The paper's estimator as plumage_sgdm runs it (momentum carried by rule m; no row_bias_correction, an AdamW
+    option), with `overrides`."""
+    return plumage_flags(row_bias_correction=None, realign="m", **overrides)
+
+
 # label -> (optimizer, extra flags, lr grid, run in this order: the likeliest best first). Every arm names its scale
 # and its PLUMAGE options, so an arm does not move when a default changes. Grids were widened where the best lr fell
 # on an edge of the first one, and refined between 3e-3 and 1e-2 for GaLore and the default (5e-3 and 7e-3): at 5e-3
@@ -363,15 +369,15 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                                                           "--residual_scale", "1"]))},
     # SGD with momentum 0.9 (the paper's debiasing study; session 3 ran it at one lr, 0.1, where the paper's estimator
     # trailed GaLore by 0.22). GaLore's recipe (scale 0.25, one lr) and GaLore at scale 1 (SGD does not normalize, so
-    # the scale is the low-rank group's lr against the regular group's); plumage_sgdm's default until session 45 (the
-    # paper's estimator: SGD has no per-coordinate normalization for 1/p to be amplified by) and with 1/p capped at 3
+    # the scale is the low-rank group's lr against the regular group's); plumage_sgdm's default (the paper's estimator:
+    # SGD has no per-coordinate normalization for 1/p to be amplified by; kept in session 45) and with 1/p capped at 3
     # (session 3's best); plumage_adafactor's draws (κ = 1, cap 1, the complement on 10 updates after a refresh) and
     # GaLore's top-r basis, each at scale 0.25 with the regular group at 2x (the Adam defaults' pretraining recipe)
     "galore_sgdm_recipe": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25"], (0.1, 0.2, 0.05, 0.4)),
     "galore_sgdm_scale1": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "1.0"], (0.1, 0.05, 0.2)),
-    "plumage_sgdm_paper": ("plumage_sgdm", ["--beta1", "0.9", "--galore_scale", "1.0", *SGDM_PAPER], (0.05, 0.1, 0.02)),
-    "plumage_sgdm_cap3": ("plumage_sgdm", ["--beta1", "0.9", "--galore_scale", "1.0", *plumage_flags(
-        row_bias_correction=None, realign="m", max_inv_p=3)], (0.1, 0.05)),
+    "plumage_sgdm_paper": ("plumage_sgdm", ["--beta1", "0.9", "--galore_scale", "1.0", *sgdm_paper()], (0.05, 0.1, 0.02)),
+    "plumage_sgdm_cap3": ("plumage_sgdm", ["--beta1", "0.9", "--galore_scale", "1.0", *sgdm_paper(max_inv_p=3)],
+                          (0.1, 0.05)),
     "plumage_sgdm_draws_recipe_ratio2": ("plumage_sgdm", [*ADAFACTOR_DRAWS_RECIPE_RATIO2, *ADAFACTOR_DRAWS],
                                          (0.1, 0.2, 0.05)),
     "galore_sgdm_recipe_ratio2": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25", "--regular_lr_ratio", "2"],

@@ -149,7 +149,7 @@ def low_rank_update(backend: Backend, state: dict, low_grad: torch.Tensor, group
     complement's weights when `residual` (the group's, as residual_rule reads it) moves the gradient outside the basis
     (it needs the full `grad`)."""
     modes = tuple(projector.factors)
-    update = backend.update(state, low_grad, group, param, rows=modes[0] if len(modes) == 1 else None)
+    update = backend.update(state, low_grad, group, param, rows=projector.one_sided_mode)
     if residual != "none":
         if grad is None:
             raise ValueError(f"residual={residual!r} moves the gradient outside the basis, so it needs the "

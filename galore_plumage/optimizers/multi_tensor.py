@@ -74,7 +74,7 @@ def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> 
              for projector, state in zip(projectors, states, strict=True)]
     for state in states:
         state["step"] += 1
-    updates = backend.update_together(states, low_grads, group, params, [_rows(projector) for projector in projectors])
+    updates = backend.update_together(states, low_grads, group, params, [p.one_sided_mode for p in projectors])
     mixed = {}
     if any(moved):
         chosen = [k for k, move in enumerate(moved) if move]
@@ -144,13 +144,6 @@ def runs(values: list) -> Iterator[tuple[object, slice]]:
         last = first + len(list(run))
         yield value, slice(first, last)
         first = last
-
-
-def _rows(projector) -> int | None:
-    """The axis of a low-rank gradient that indexes the basis vectors, as Backend.update takes it (None for a basis on
-    every mode)."""
-    modes = tuple(projector.factors)
-    return modes[0] if len(modes) == 1 else None
 
 
 def columns(low: torch.Tensor, mode: int) -> torch.Tensor:

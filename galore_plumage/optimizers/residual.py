@@ -111,14 +111,14 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
 
 
 def complement_weights_together(z_columns: torch.Tensor, r_columns: torch.Tensor, grads: list[torch.Tensor],
-                                modes: list[int], states: list[dict], units: list[float] | None = None,
+                                modes: list[int], states: list[dict], units: list[float],
                                 cap: float | None = None) -> torch.Tensor:
     """complement_weights of several whole weights on a steady update (no refresh this step, each state holding its
     limiter's reference), in a number of kernels that does not grow with the weights but for one norm of each G.
 
     `z_columns`, `r_columns`: the weights' Z and R side by side as the columns of one r-row matrix, each weight's in
     the order of `grads` (multi_tensor.columns: a weight projected on its rows gives its n columns, one projected on
-    its columns its m rows); `units`: each weight's Update.unit (None: all 1). Returns φ of every one of those columns,
+    its columns its m rows); `units`: each weight's Update.unit. Returns φ of every one of those columns,
     limited, as one vector in the same order. The numbers are complement_weights' to rounding (a reduction over a
     concatenated matrix may add in another order).
     On a GPU, one weight at a time, the complement's ~35 small kernels cost far more to launch than to run (a 350M
@@ -131,7 +131,7 @@ def complement_weights_together(z_columns: torch.Tensor, r_columns: torch.Tensor
     phi, outside_sq = column_weights(z_norm, r_norm_sq, grad_norm, cap)  # elementwise: every weight's columns at once
     # ‖φ ⊙ G⊥‖ of each weight, one norm per piece in one call (φ >= 0, so √(Σ φ² ‖G⊥_j‖²) = ‖φ ⊙ ‖G⊥_j‖‖)
     sizes = torch._foreach_norm(list((phi * outside_sq.sqrt()).split(lengths)))
-    if units is not None and any(unit != 1.0 for unit in units):  # per unit of each weight's step (Update.unit)
+    if any(unit != 1.0 for unit in units):  # per unit of each weight's step (Update.unit)
         sizes = torch._foreach_div(sizes, units)
     factors = growth_factors(sizes, states, "residual_norm")
     return phi * factors[_owners(tuple(lengths), phi.device)]

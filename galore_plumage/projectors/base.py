@@ -517,6 +517,12 @@ class Projector:
             x = mode_product(x, factor.to(x.dtype), mode)
         return x * self.scale if self.scale != 1.0 else x
 
+    @property
+    def one_sided_mode(self) -> int | None:
+        """The mode a one-sided basis projects, i.e. the axis of a low-rank gradient that indexes its vectors (the
+        backends' `rows`); None for a basis on every mode (Tucker)."""
+        return next(iter(self.factors)) if len(self.factors) == 1 else None
+
     def rescaled(self, low: torch.Tensor) -> torch.Tensor:
         """D⁻¹Z: PLUMAGE's 1/p on the basis's rows of a low-rank tensor (itself for a basis without 1/p)."""
         if self.inv_p is None:
