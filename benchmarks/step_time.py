@@ -48,10 +48,12 @@ torch.cuda.synchronize(), which raises on a machine without CUDA: on CPU it is r
 
     python benchmarks/step_time.py [--sizes 60m,130m,350m] [--reps 7] [--refresh-reps 3] [--layers 1]
                                    [--device cpu|cuda] [--threads N] [--out docs/step_time.md]
-                                   [--only "plumage_adamw default (,..."] [--gradients gaussian|model]
+                                   [--only "plumage_adamw default (,..."] [--skip compile_update]
+                                   [--gradients gaussian|model]
 
 --only times just the rows whose names contain one of the comma-separated strings, with galore-torch's reference
-rows and the floor always kept (more repetitions of a few rows in the time of a full run).
+rows and the floor always kept (more repetitions of a few rows in the time of a full run); --skip leaves out those
+whose names contain one of its strings (the compiled rows, say, which compile for tens of seconds first).
 """
 
 from __future__ import annotations
@@ -252,6 +254,11 @@ def candidates() -> list[Candidate]:
                 label = f"ours plumage_{backend} large-batch pretraining default{name} / {backend}"
                 result.append(Candidate(label, backend, True, plumage_adam_default_build(
                     backend, v_floor="none", foreach=foreach, **PRETRAIN_COMPLEMENT[("plumage", backend)][1])))
+            if backend == "adamw":  # ... and together compiled: the moments and the complement's arithmetic fused
+                label = f"ours plumage_{backend} large-batch pretraining default + foreach + compile_update / {backend}"
+                result.append(Candidate(label, backend, True, plumage_adam_default_build(
+                    backend, v_floor="none", foreach=True, compile_update=True,
+                    **PRETRAIN_COMPLEMENT[("plumage", backend)][1]), compiled=True))
         for solver in ("svd", "gram"):
             label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))
@@ -289,10 +296,12 @@ def step_once(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], grad
 
 def build_and_warm(candidate: Candidate, grads, rank: int, gap: int, device) -> tuple[Callable[[], None], tuple]:
     """The candidate's timed step (after two warm-up steps: the first makes the moments, the second is the first to
-    update them, so what compile_update compiles is compiled by then) and its state bytes after the warm-up."""
+    update them, so what compile_update compiles one weight at a time is compiled by then; a compiled one takes three
+    more: the first update taken together compiles its group's functions, the next compiles them again with floats
+    not specialized) and its state bytes after the warm-up."""
     params = [torch.nn.Parameter(w) for w in random_tensors([g.shape for g in grads], device, SEED + 1, 0.02)]
     optimizer = candidate.build(params, rank, gap)
-    for _ in range(2):
+    for _ in range(5 if candidate.compiled else 2):
         step_once(optimizer, params, grads)
     synchronize(device)
     return (lambda: step_once(optimizer, params, grads)), state_bytes(dict(optimizer.state))
@@ -393,7 +402,7 @@ def measure_size(label: str, args, device: torch.device) -> list[Result]:
         grads = random_tensors(layer_shapes(h, i).values(), device, SEED)
     # more layers: copies of the seven gradients (their values do not change what a step costs)
     grads = [grad.clone() for _ in range(args.layers) for grad in grads]
-    cands = selected(candidates(), args.only)
+    cands = selected(candidates(), args.only, args.skip)
     results = {c.name: Result(c.name, c.family) for c in cands} | {FLOOR: Result(FLOOR, "adamw")}
 
     print(f"{label}: h={h} i={i} rank={rank}, {args.layers} layer(s), steady steps", flush=True)
@@ -414,11 +423,12 @@ def measure_size(label: str, args, device: torch.device) -> list[Result]:
     return list(results.values())
 
 
-def selected(cands: list[Candidate], only: list[str] | None) -> list[Candidate]:
-    """The candidates whose names contain one of `only` (all of them for None), galore-torch's references kept."""
-    if only is None:
-        return cands
-    return [c for c in cands if c.name in REFERENCE.values() or any(part in c.name for part in only)]
+def selected(cands: list[Candidate], only: list[str] | None, skip: list[str] | None = None) -> list[Candidate]:
+    """The candidates whose names contain one of `only` (all of them for None) and none of `skip`, galore-torch's
+    references kept."""
+    return [c for c in cands if c.name in REFERENCE.values()
+            or ((only is None or any(part in c.name for part in only))
+                and not any(part in c.name for part in skip or ()))]
 
 
 # ----------------------------------------------------------------------------------------- reporting
@@ -529,6 +539,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="what the optimizers step on: seeded Gaussian gradients, or a Llama's (model_gradients.py)")
     parser.add_argument("--only", type=lambda s: s.split(","), default=None,
                         help="comma-separated parts of row names: time only those rows (and galore-torch's)")
+    parser.add_argument("--skip", type=lambda s: s.split(","), default=None,
+                        help="comma-separated parts of row names: leave those rows out (after --only)")
     args = parser.parse_args(argv)
     args.sizes = args.sizes.split(",")
     unknown = [s for s in args.sizes if s not in SIZES]

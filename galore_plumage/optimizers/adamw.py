@@ -7,7 +7,7 @@ import math
 import torch
 
 from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
-from .compiled_update import compiled_moments_and_direction
+from .compiled_update import Compiled, compiled_moments_and_direction
 from .moment_floor import bound_scale, floor_second_moment, floor_second_moments
 from .realign import realign_dense
 
@@ -43,6 +43,22 @@ def adam_direction(state: dict, grad: torch.Tensor, beta1: float, beta2: float, 
     return torch.div(exp_avg, denominator, out=denominator)
 
 
+def adam_directions_together(exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], grads: list[torch.Tensor],
+                             beta1: float, beta2: float, eps: float) -> list[torch.Tensor]:
+    """adam_direction of several weights in torch._foreach calls for all of them: M and V advanced in place, M / (√V
+    + ε) returned. A function of tensors, which compile_update compiles (compiled_directions_together)."""
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+    denominators = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_add_(denominators, eps)
+    return torch._foreach_div(exp_avgs, denominators)
+
+
+compiled_directions_together = Compiled(adam_directions_together, "AdamW's moments of the weights stepped together")
+
+
 class AdamWBackend(Backend):
     name = "adamw"
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.0, "correct_bias": True}
@@ -55,10 +71,9 @@ class AdamWBackend(Backend):
         if group.get("v_floor") == "m2_corrected" and group.get("row_bias_correction"):
             raise ValueError("v_floor='m2_corrected' bounds V by the global bias correction, which "
                              "row_bias_correction=True replaces per row: drop one of them")
-        if group.get("compile_update") and (group.get("foreach") or group.get("row_bias_correction")):
-            other = "foreach" if group.get("foreach") else "row_bias_correction"
-            raise ValueError(f"compile_update=True fuses one weight's plain AdamW update; {other}=True takes another "
-                             f"path: drop one of them")
+        if group.get("compile_update") and group.get("row_bias_correction"):
+            raise ValueError("compile_update=True fuses AdamW's plain update; row_bias_correction=True takes another "
+                             "path: drop one of them")
 
     def update(self, state, grad, group, param, rows=None):
         beta1, beta2 = group["betas"]
@@ -77,18 +92,14 @@ class AdamWBackend(Backend):
 
     def update_together(self, states, grads, group, params, rows):
         """update() of several low-rank weights of one group, each with its moments and no row_bias_correction, in a
-        few torch._foreach calls for all of them (the same arithmetic, so the same numbers)."""
+        few torch._foreach calls for all of them (the same arithmetic, so the same numbers), compiled with
+        compile_update (the floor, when on, stays eager)."""
         beta1, beta2 = group["betas"]
         if group["v_floor"] != "none":
             floor_second_moments(states, _floor_rule(group), beta1, beta2, group["v_floor_horizon"])
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-        torch._foreach_mul_(exp_avgs, beta1)
-        torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
-        denominators = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_add_(denominators, group["eps"])
-        directions = torch._foreach_div(exp_avgs, denominators)
+        together = compiled_directions_together if group.get("compile_update") else adam_directions_together
+        directions = together(exp_avgs, exp_avg_sqs, grads, beta1, beta2, group["eps"])
         decay = group["lr"] * group["weight_decay"]
         return [Update(direction, _step_size(group, state["step"]), decay)
                 for direction, state in zip(directions, states, strict=True)]

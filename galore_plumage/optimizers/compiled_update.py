@@ -1,10 +1,15 @@
-"""compile_update: AdamW's moment update and direction as one fused kernel, built by torch.compile.
+"""compile_update: the arithmetic of AdamW's updates as a few fused kernels, built by torch.compile.
 
 Eager, one AdamW update of a weight's moments is about ten elementwise kernels (the v_floor bound and its maximum, M's
 two, V's two, √V, + ε, M / ·), each a pass over the r-row moments and a launch. Compiled (Inductor: C++ on a CPU,
 Triton on a GPU) it is one pass that reads M, V and G and writes M, V and the direction. On a CPU that is about 1 ms
 of a 130M layer's 37 ms steady step (benchmarks/step_time.py's "+ compile_update" row); on a GPU, where launches cost,
 it is the point.
+
+With foreach, the weights a step takes together (multi_tensor.py) are compiled as a group instead: their moments'
+_foreach calls (adamw.adam_directions_together) and the complement's arithmetic on all their columns
+(multi_tensor.mixed_together: the norms of each G's columns, φ, its limiter, the mixing), two compiled functions
+around the matmuls, which stay eager, as do the passes that write a weight (add_back_mixed).
 
 The arithmetic is eager's (tests/optimizers/test_compiled_update.py: the same weights and moments to float32
 rounding; a fused kernel may round a product and a sum once instead of twice). The first update of each kind
@@ -17,8 +22,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
-_compiled: Callable | None = None
 
 
 def moments_and_direction(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, beta1: float,
@@ -33,19 +36,36 @@ def moments_and_direction(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad:
     return new_avg / (new_avg_sq.sqrt() + eps)
 
 
-def compiled_moments_and_direction(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, beta1: float,
-                                   beta2: float, eps: float, floor_scale: float | None) -> torch.Tensor:
-    """moments_and_direction through torch.compile (built on first use); a failure to compile is raised as a
-    RuntimeError that says what the option needs."""
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(moments_and_direction, fullgraph=True)
-    try:
-        return _compiled(exp_avg, exp_avg_sq, grad, beta1, beta2, eps, floor_scale)
-    except Exception as error:  # Inductor's errors have many types; each is re-raised with the option named
-        first_line = next(iter(str(error).strip().splitlines()), "")
-        raise RuntimeError(
-            f"compile_update=True: torch.compile could not build AdamW's fused update for a {grad.dtype} tensor on "
-            f"{grad.device} ({type(error).__name__}: {first_line}). "
-            "It needs a C++ compiler for CPU tensors and Triton for CUDA ones: install that, or drop compile_update "
-            "(the same update, eager)") from error
+class Compiled:
+    """`function` through torch.compile(fullgraph=True), built on its first call; a failure to compile is raised as a
+    RuntimeError that says what compile_update needs. `what` names the function in that message."""
+
+    def __init__(self, function: Callable, what: str):
+        self.function, self.what = function, what
+        self._compiled: Callable | None = None
+
+    def __call__(self, *args):
+        if self._compiled is None:
+            self._compiled = torch.compile(self.function, fullgraph=True)
+        try:
+            return self._compiled(*args)
+        except Exception as error:  # Inductor's errors have many types; each is re-raised with the option named
+            first_line = next(iter(str(error).strip().splitlines()), "")
+            tensor = next(_tensors(args), None)
+            where = "" if tensor is None else f" for {tensor.dtype} tensors on {tensor.device}"
+            raise RuntimeError(
+                f"compile_update=True: torch.compile could not build {self.what}{where} ({type(error).__name__}: "
+                f"{first_line}). It needs a C++ compiler for CPU tensors and Triton for CUDA ones: install that, or "
+                "drop compile_update (the same update, eager)") from error
+
+
+def _tensors(args):
+    """The tensors among `args`, and in the lists among them."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            yield arg
+        elif isinstance(arg, (list, tuple)):
+            yield from _tensors(arg)
+
+
+compiled_moments_and_direction = Compiled(moments_and_direction, "AdamW's fused update")

@@ -21,13 +21,13 @@ def growth_factor(size: torch.Tensor, state: dict, key: str) -> torch.Tensor:
     return factor
 
 
-def growth_factors(sizes: list[torch.Tensor], states: list[dict], key: str) -> torch.Tensor:
-    """growth_factor of several weights at once (each state holding its previous size under `key`), the same numbers
-    in a fixed number of kernels: a vector of factors, one per weight; each state records its own limited size."""
-    factor = _within_limit(torch.stack(sizes), torch.stack([state[key].to(sizes[0]) for state in states]))
-    for state, limited in zip(states, torch._foreach_mul(sizes, list(factor.unbind())), strict=True):
-        state[key] = limited.detach()  # one tensor per weight (never views of one vector: each is saved on its own)
-    return factor
+def limit_together(sizes: list[torch.Tensor], previous: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """growth_factor of several weights at once, the same numbers in a fixed number of kernels, as a function of
+    tensors (the caller records the references; torch.compile can fuse it): the vector of factors, one per weight,
+    and each weight's limited size, its next reference, as a tensor of its own (never views of one vector: each
+    is saved on its own)."""
+    factor = _within_limit(torch.stack(sizes), torch.stack([size.to(sizes[0]) for size in previous]))
+    return factor, torch._foreach_mul(sizes, list(factor.unbind()))
 
 
 def _within_limit(size: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:

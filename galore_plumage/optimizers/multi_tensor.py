@@ -8,7 +8,10 @@ Adafactor, SGD momentum; 8-bit AdamW advances each weight's own, Backend.update_
 and its share of the low-rank update are computed on all of their columns laid side by side (complement_together),
 and the decoupled decay of their weights is one more call. What stays one per weight is what reads or writes a whole
 weight: its two matmuls and, where the complement moves, a norm of its gradient's columns and the add-back of
-β φ ⊙ G; and everything a weight does on its own (a refresh, a draw).
+β φ ⊙ G; and everything a weight does on its own (a refresh, a draw). With compile_update (AdamW) the moments'
+calls and the complement's arithmetic (mixed_together, the norms of G's columns included) are two compiled functions:
+on a CPU Inductor makes them one kernel and three (a _foreach_norm among them), so a Llama layer's steady step of
+the large-batch default launches 25 (14 of them matmuls) against 71 eager and galore-torch's 79 (compiled_update.py).
 
 Taken together: weights of a low-rank group with foreach on, on any backend, held whole (not FSDP2-sharded), stepped
 with their full gradient (not per-layer mode), whose moments exist, with no refresh due, the complement's limiter
@@ -27,15 +30,17 @@ from collections.abc import Iterator
 import torch
 
 from ..projectors.base import Outside
-from .residual import complement_weights_together
+from .compiled_update import Compiled
+from .residual import column_owners, complement_weights_together
 
 
 def foreach_on(group: dict, params: list[torch.Tensor]) -> bool:
     """The group's foreach, None resolved as torch.optim resolves it: on for weights on a GPU (where launches cost;
-    on a CPU the batched calls were 3-6 % slower, docs/step_time.md), unless the group fuses each update instead."""
+    on a CPU the batched calls were 3-6 % slower, docs/step_time.md); with compile_update too, which then compiles
+    the group's arithmetic (compiled_update.py)."""
     if group["foreach"] is not None:
         return group["foreach"]
-    return bool(params) and params[0].device.type == "cuda" and not group.get("compile_update")
+    return bool(params) and params[0].device.type == "cuda"
 
 
 def steady_together(optimizer, group: dict, params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -97,35 +102,59 @@ def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> 
 def complement_together(params: list[torch.Tensor], projectors: list, updates: list, low_grads: list[torch.Tensor],
                         states: list[dict], group: dict) -> list[tuple[torch.Tensor, Outside]]:
     """For weights whose update moves the complement: each one's (mixed, outside) for Projector.add_back_mixed, the
-    low-rank part mixed = α·scale·D⁻¹Z − β·φ ⊙ R formed as add_back forms it, but on every weight's columns at once.
-
-    Each weight's Z and R are laid side by side as the columns of one r-row matrix (`columns`), so φ's per-column
-    norms, its arithmetic and the mixing are a fixed number of kernels for any number of weights (residual.
-    complement_weights_together); what stays per weight is a pass over its G (the norms of its columns, β φ ⊙ G)
-    and its two matmuls."""
+    low-rank part mixed = α·scale·D⁻¹Z − β·φ ⊙ R formed as add_back forms it, but on every weight's columns at once
+    (mixed_together, compiled with compile_update); each state records its limiter's new reference."""
     modes = [next(iter(projector.factors)) for projector in projectors]
-    z_columns = torch.cat([columns(update.direction, mode) for update, mode in zip(updates, modes, strict=True)], dim=1)
-    r_views = [columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)]
-    r_columns = torch.cat(r_views, dim=1)
-    phi = complement_weights_together(z_columns, r_columns, [param.grad for param in params], modes, states,
-                                      units=[update.unit for update in updates], cap=group["residual_cap"])
+    directions = [update.direction for update in updates]
+    rescaled = None
     if any(projector.inv_p is not None for projector in projectors):  # PLUMAGE's D⁻¹ rescales Z after φ is taken
-        z_columns = torch.cat([columns(projector.rescaled(update.direction), mode)
-                               for update, projector, mode in zip(updates, projectors, modes, strict=True)], dim=1)
+        rescaled = [projector.rescaled(direction) for projector, direction in zip(projectors, directions, strict=True)]
     # α = −step size · scale, β = −|step size| · residual_scale (base.apply_update): one pair for all weights unless
     # their step counts (so their bias corrections) differ; each run of weights sharing a pair is mixed in one go
     pairs = [(-update.step_size * projector.scale, -abs(update.step_size) * group["residual_scale"])
              for update, projector in zip(updates, projectors, strict=True)]
-    widths = [view.shape[1] for view in r_views]
-    edges = [0, *itertools.accumulate(widths)]
-    pieces = []
-    for (alpha, beta), run in runs(pairs):
-        start, stop = edges[run.start], edges[run.stop]
-        pieces.append(alpha * z_columns[:, start:stop] - beta * (phi[start:stop] * r_columns[:, start:stop]))
-    mixed = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
-    return [(columns(part, mode), Outside(param.grad, low, weights.view(_along_columns(low.shape, mode)), beta))
-            for param, low, mode, (_, beta), part, weights
-            in zip(params, low_grads, modes, pairs, mixed.split(widths, dim=1), phi.split(widths), strict=True)]
+    lengths = [low.shape[1 - mode] for low, mode in zip(low_grads, modes, strict=True)]  # columns(low, mode)'s
+    edges = [0, *itertools.accumulate(lengths)]
+    spans = [(edges[run.start], edges[run.stop]) for _, run in runs(pairs)]
+    alphas, betas = zip(*(pair for pair, _ in runs(pairs)), strict=True)
+    units = [update.unit for update in updates]
+    mix = mixed_compiled if group.get("compile_update") else mixed_together
+    mixed, weights, references = mix(
+        directions, rescaled, low_grads, [param.grad for param in params], modes,
+        [state["residual_norm"] for state in states], None if all(unit == 1.0 for unit in units) else units,
+        column_owners(tuple(lengths), low_grads[0].device), group["residual_cap"], spans, list(alphas), list(betas))
+    for state, reference in zip(states, references, strict=True):
+        state["residual_norm"] = reference.detach()
+    return [(columns(part, mode), Outside(param.grad, low, phi.view(_along_columns(low.shape, mode)), beta))
+            for param, low, mode, (_, beta), part, phi
+            in zip(params, low_grads, modes, pairs, mixed.split(lengths, dim=1), weights.split(lengths), strict=True)]
+
+
+def mixed_together(directions: list[torch.Tensor], rescaled: list[torch.Tensor] | None, low_grads: list[torch.Tensor],
+                   grads: list[torch.Tensor], modes: list[int], previous: list[torch.Tensor], units: list[float] | None,
+                   owners: torch.Tensor, cap: float | None, spans: list[tuple[int, int]], alphas: list[float],
+                   betas: list[float]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """complement_together's arithmetic, a function of tensors (which compile_update compiles): the mixed low-rank
+    parts and φ of every weight's columns side by side (the caller splits them: views made in a compiled function
+    are made again on its way out, one call each), and each weight's limiter's next reference.
+
+    Each weight's Z and R are laid side by side as the columns of one r-row matrix (`columns`), so φ's per-column
+    norms, its arithmetic and the mixing are a fixed number of kernels for any number of weights (residual.
+    complement_weights_together); what stays per weight is a pass over its G (the norms of its columns; β φ ⊙ G is
+    the caller's) and its two matmuls. `rescaled`: D⁻¹Z where PLUMAGE's 1/p applies (None: Z); `spans`, `alphas`,
+    `betas`: the columns of each run of weights sharing a pair (α, β) and that pair."""
+    z_columns = torch.cat([columns(direction, mode) for direction, mode in zip(directions, modes, strict=True)], dim=1)
+    r_views = [columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)]
+    r_columns = torch.cat(r_views, dim=1)
+    phi, references = complement_weights_together(z_columns, r_columns, grads, modes, previous, units, owners, cap)
+    if rescaled is not None:
+        z_columns = torch.cat([columns(z, mode) for z, mode in zip(rescaled, modes, strict=True)], dim=1)
+    pieces = [alpha * z_columns[:, start:stop] - beta * (phi[start:stop] * r_columns[:, start:stop])
+              for (start, stop), alpha, beta in zip(spans, alphas, betas, strict=True)]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1), phi, references
+
+
+mixed_compiled = Compiled(mixed_together, "the complement's arithmetic of the weights stepped together")
 
 
 def decay_together(params: list[torch.Tensor], decays: list[float]) -> None:

@@ -222,11 +222,12 @@ OPTIONS: tuple[Option, ...] = (
            "or for an update that refreshes, draws with sampled_step 'norm_matched' or first moves the complement, "
            "which step one by one). None: as torch.optim, "
            "on where the weights are on a GPU (0.69-0.73x galore-torch's steady step on an H200 against 1.04-1.10x "
-           "one by one, docs/step_time_cuda.md) unless compile_update, off on a CPU (3-6 % slower there, "
+           "one by one, docs/step_time_cuda.md), off on a CPU (3-6 % slower there, "
            "docs/step_time.md)", _check_optional_bool("foreach"), ("yes", 1), parse=bool),
     Option("compile_update", False, "adamw: fuse each weight's moment update (v_floor, M, V and Adam's direction) into "
-           "one kernel with torch.compile instead of about ten (needs a C++ compiler on a CPU, Triton on a GPU; the "
-           "first updates pay the compilation, seconds; the same numbers to float rounding; not with foreach or "
+           "one kernel with torch.compile instead of about ten; with foreach, the moments of the weights taken together "
+           "and the complement's arithmetic on all their columns (needs a C++ compiler on a CPU, Triton on a GPU; the "
+           "first updates pay the compilation, seconds; the same numbers to float rounding; not with "
            "row_bias_correction)", check_bool("compile_update"), ("yes", 1, None), applies=_needs_adamw),
     Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
            "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", check_max_inv_p,

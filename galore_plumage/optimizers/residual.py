@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from .limiter import growth_factor, growth_factors
+from .limiter import growth_factor, limit_together
 
 RESIDUALS = ("none", "norm_matched")
 # where the norm-growth limiter takes its reference: "fira" every step; "steady" every step but a refresh's, where the
@@ -111,15 +111,18 @@ def complement_weights(direction: torch.Tensor, low_grad: torch.Tensor, grad: to
 
 
 def complement_weights_together(z_columns: torch.Tensor, r_columns: torch.Tensor, grads: list[torch.Tensor],
-                                modes: list[int], states: list[dict], units: list[float],
-                                cap: float | None = None) -> torch.Tensor:
-    """complement_weights of several whole weights on a steady update (no refresh this step, each state holding its
-    limiter's reference), in a number of kernels that does not grow with the weights but for one norm of each G.
+                                modes: list[int], previous: list[torch.Tensor], units: list[float] | None,
+                                owners: torch.Tensor, cap: float | None = None
+                                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """complement_weights of several whole weights on a steady update (no refresh this step, each with its limiter's
+    reference in `previous`), in a number of kernels that does not grow with the weights but for one norm of each G.
 
     `z_columns`, `r_columns`: the weights' Z and R side by side as the columns of one r-row matrix, each weight's in
     the order of `grads` (multi_tensor.columns: a weight projected on its rows gives its n columns, one projected on
-    its columns its m rows); `units`: each weight's Update.unit. Returns φ of every one of those columns,
-    limited, as one vector in the same order. The numbers are complement_weights' to rounding (a reduction over a
+    its columns its m rows); `units`: each weight's Update.unit (None: all 1); `owners`: each column's weight
+    (column_owners). Returns φ of every one of those columns, limited, as one vector in the same order, and each
+    weight's limited size, its limiter's next reference. A function of tensors alone (the caller keeps the
+    references), so compile_update can fuse it. The numbers are complement_weights' to rounding (a reduction over a
     concatenated matrix may add in another order).
     On a GPU, one weight at a time, the complement's ~35 small kernels cost far more to launch than to run (a 350M
     layer's steady step took 3.9x galore-torch's, docs/step_time_cuda.md)."""
@@ -131,14 +134,14 @@ def complement_weights_together(z_columns: torch.Tensor, r_columns: torch.Tensor
     phi, outside_sq = column_weights(z_norm, r_norm_sq, grad_norm, cap)  # elementwise: every weight's columns at once
     # ‖φ ⊙ G⊥‖ of each weight, one norm per piece in one call (φ >= 0, so √(Σ φ² ‖G⊥_j‖²) = ‖φ ⊙ ‖G⊥_j‖‖)
     sizes = torch._foreach_norm(list((phi * outside_sq.sqrt()).split(lengths)))
-    if any(unit != 1.0 for unit in units):  # per unit of each weight's step (Update.unit)
+    if units is not None:  # per unit of each weight's step (Update.unit)
         sizes = torch._foreach_div(sizes, units)
-    factors = growth_factors(sizes, states, "residual_norm")
-    return phi * factors[_owners(tuple(lengths), phi.device)]
+    factors, limited = limit_together(sizes, previous)
+    return phi * factors[owners], limited
 
 
 @functools.lru_cache(maxsize=64)
-def _owners(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
+def column_owners(lengths: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """For each column of weights laid side by side with these `lengths`, the index of its weight: made once per
     layout (a tensor made from a list each step would be a copy to the device each step), and copied there without
     waiting on it (non_blocking: a new layout mid-run, a weight resting, does not synchronise the step)."""

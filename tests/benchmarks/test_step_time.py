@@ -73,6 +73,15 @@ def test_only_keeps_the_named_rows_and_every_galore_torch_reference():
     assert {c.name for c in step_time.selected(step_time.candidates(), None)} == {c.name for c in step_time.candidates()}
 
 
+def test_skip_leaves_out_the_rows_named_and_keeps_the_references():
+    """scripts/gpu_check.sh times the compiled rows in a call of their own: --skip takes them out of the others."""
+    kept = {c.name for c in step_time.selected(step_time.candidates(), ["large-batch pretraining default"],
+                                               ["compile_update"])}
+    every = {c.name for c in step_time.selected(step_time.candidates(), ["large-batch pretraining default"])}
+    assert set(step_time.REFERENCE.values()) <= kept
+    assert {name for name in every - kept} == {name for name in every if "compile_update" in name} != set()
+
+
 @pytest.mark.parametrize("optimizer_class", [PlumageAdamW, PlumageAdamW8bit], ids=["adamw", "adamw8bit"])
 def test_the_large_batch_row_is_what_torchrun_main_pretrains_with_from_4096_tokens(optimizer_class):
     """The rows' options are those training/config derives for plumage_adamw(8bit) at 16 x 256 tokens an update."""
@@ -84,9 +93,10 @@ def test_the_large_batch_row_is_what_torchrun_main_pretrains_with_from_4096_toke
     pretraining = train(lambda params: optimizer_class([{"params": params, "rank": 8, "update_proj_gap": 2,
                                                          "proj_type": "std", **derived}], **step_time.OPTIONS[backend]))
     rows = [c for c in step_time.candidates() if "large-batch" in c.name and c.family == backend]
-    # foreach auto (the row) and one by one: the same numbers on a CPU, bit for bit; + foreach to float32 rounding (the
-    # complement's norms over the weights' columns side by side, tests/optimizers/test_multi_tensor.py)
-    assert len(rows) == 3
+    # foreach auto (the row) and one by one: the same numbers on a CPU, bit for bit; + foreach (and adamw's + foreach +
+    # compile_update) to float32 rounding (the complement's norms over the weights' columns side by side,
+    # tests/optimizers/test_multi_tensor.py; a fused kernel's rounding, tests/optimizers/test_compiled_together.py)
+    assert len(rows) == (4 if backend == "adamw" else 3)
     for candidate in rows:
         row = train(lambda params, candidate=candidate: candidate.build(params, 8, 2))
         for a, b in zip(row, pretraining, strict=True):

@@ -247,7 +247,7 @@ def test_foreach_left_unset_is_on_for_weights_on_a_gpu_unless_each_update_is_com
     on_gpu = [SimpleNamespace(device=torch.device("cuda"))]
     on_cpu = Layer().matrices()
     assert foreach_on({"foreach": None}, on_gpu) and not foreach_on({"foreach": None}, on_cpu)
-    assert not foreach_on({"foreach": None, "compile_update": True}, on_gpu)
+    assert foreach_on({"foreach": None, "compile_update": True}, on_gpu)  # the group compiled together
     assert foreach_on({"foreach": True}, on_cpu) and not foreach_on({"foreach": False}, on_gpu)
     PlumageAdamW([{"params": on_cpu, "rank": 6, "compile_update": True}], lr=1e-2)  # unset foreach does not clash
 

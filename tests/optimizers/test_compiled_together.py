@@ -1,0 +1,99 @@
+"""compile_update with foreach: the weights a step takes together are compiled as a group (their moments' _foreach
+calls and the complement's arithmetic on all their columns) and train as the same group eager, to float32 rounding,
+without compiling again when the lr changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from galore_plumage import PlumageAdamW
+from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_SAMPLED, adamw, multi_tensor
+
+
+class Layer(nn.Module):
+    """Three same-shaped projections, one wider than tall (projected on its other side)."""
+
+    def __init__(self):
+        super().__init__()
+        self.square = nn.ModuleList(nn.Linear(24, 24, bias=False) for _ in range(3))
+        self.down = nn.Linear(40, 24, bias=False)
+
+
+def train(compile_update: bool, steps: int = 10, lrs=None, **options):
+    """A weight (the second) rests every third step, so that the weights taken together change and their step
+    counts, so their (α, β) pairs, differ: several runs of the mixing."""
+    torch.manual_seed(0)
+    layer = Layer()
+    optimizer = PlumageAdamW([{"params": list(layer.parameters()), "rank": 6, "update_proj_gap": 4, "foreach": True,
+                               "compile_update": compile_update, **options}], lr=1e-2, weight_decay=0.1)
+    data = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        if lrs is not None:
+            optimizer.param_groups[0]["lr"] = lrs[step]
+        for param in layer.parameters():
+            param.grad = torch.randn(param.shape, generator=data)
+        if step % 3 == 2:
+            layer.square[1].weight.grad = None
+        optimizer.step()
+    return layer, optimizer
+
+
+SETTINGS = {
+    # torchrun's large-batch default: Fira's complement at every update
+    "fira_complement": {**FIRA_COMPLEMENT, "v_floor": "none"},
+    # PLUMAGE's draws (1/p rescaling Z after φ is taken), the floor (eager, before the compiled moments), the
+    # complement on the 2 updates after each refresh, refreshes staggered: some weights of a step move it, some not
+    "sampled_staggered": {**PLUMAGE_SAMPLED, "residual_horizon": 2, "stagger": True},
+}
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_compiled_together_trains_as_together_eager(name, monkeypatch):
+    calls = {"moments": 0, "complement": 0}
+    real_moments, real_complement = adamw.compiled_directions_together, multi_tensor.mixed_compiled
+
+    def moments(*args):
+        calls["moments"] += 1
+        return real_moments(*args)
+
+    def complement(*args):
+        calls["complement"] += 1
+        return real_complement(*args)
+
+    monkeypatch.setattr(adamw, "compiled_directions_together", moments)
+    monkeypatch.setattr(multi_tensor, "mixed_compiled", complement)
+    compiled, compiled_optimizer = train(True, **SETTINGS[name])
+    eager, eager_optimizer = train(False, **SETTINGS[name])
+    assert calls["moments"] >= 4 and calls["complement"] >= 2, calls  # the compiled group did the steps compared
+    torch.manual_seed(0)
+    for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
+        assert (b - before).abs().max() > 1e-3  # the updates compared are not vanishing
+        torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
+        state_a, state_b = compiled_optimizer.state[a], eager_optimizer.state[b]
+        for key in ("exp_avg", "exp_avg_sq", "residual_norm"):
+            torch.testing.assert_close(state_a[key], state_b[key], rtol=1e-4, atol=1e-7)
+
+
+def test_the_compiled_group_does_not_compile_again_as_the_lr_changes():
+    """Floats are not specialized: once the group's layouts have compiled (with the resting weight's and without),
+    the lr schedule's changing α and β (and the bias corrections) reuse the compiled code, which runs (a function
+    past torch's recompile limit would run eager instead, and no stance would notice)."""
+    torch._dynamo.reset()  # torch's recompile limit (8 a function) counts the other tests' layouts too
+    lrs = [1e-2 * (1 - k / 20) for k in range(16)]
+    layer, optimizer = train(True, steps=10, lrs=lrs, **SETTINGS["fira_complement"])
+    data = torch.Generator().manual_seed(2)
+    with torch.compiler.set_stance("fail_on_recompile"), torch.profiler.profile() as profile:
+        for k, lr in enumerate(lrs[10:]):
+            optimizer.param_groups[0]["lr"] = lr
+            for param in layer.parameters():
+                param.grad = torch.randn(param.shape, generator=data)
+            if k % 3 == 2:
+                layer.square[1].weight.grad = None
+            optimizer.step()
+    compiled_calls = [event for event in profile.events() if event.name.startswith("Torch-Compiled Region")]
+    # the moments and the complement of the four steps without a refresh (gap 4: two of the six refresh a weight,
+    # whose update is one weight's compiled one), at least
+    assert len(compiled_calls) >= 4 * 2, [event.name for event in compiled_calls]
+    assert all(torch.isfinite(p).all() for p in layer.parameters())
