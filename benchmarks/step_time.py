@@ -254,11 +254,11 @@ def candidates() -> list[Candidate]:
                 label = f"ours plumage_{backend} large-batch pretraining default{name} / {backend}"
                 result.append(Candidate(label, backend, True, plumage_adam_default_build(
                     backend, v_floor="none", foreach=foreach, **PRETRAIN_COMPLEMENT[("plumage", backend)][1])))
-            if backend == "adamw":  # ... and together compiled: the moments and the complement's arithmetic fused
-                label = f"ours plumage_{backend} large-batch pretraining default + foreach + compile_update / {backend}"
-                result.append(Candidate(label, backend, True, plumage_adam_default_build(
-                    backend, v_floor="none", foreach=True, compile_update=True,
-                    **PRETRAIN_COMPLEMENT[("plumage", backend)][1]), compiled=True))
+            # ... and together compiled: the complement's arithmetic fused, and AdamW's moments (8-bit's are bitsandbytes')
+            label = f"ours plumage_{backend} large-batch pretraining default + foreach + compile_update / {backend}"
+            result.append(Candidate(label, backend, True, plumage_adam_default_build(
+                backend, v_floor="none", foreach=True, compile_update=True,
+                **PRETRAIN_COMPLEMENT[("plumage", backend)][1]), compiled=True))
         for solver in ("svd", "gram"):
             label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))

@@ -19,6 +19,7 @@ compiles, a few seconds each; later updates do not, whatever their lr or step: f
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -38,17 +39,30 @@ def moments_and_direction(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad:
 
 class Compiled:
     """`function` through torch.compile(fullgraph=True), built on its first call; a failure to compile is raised as a
-    RuntimeError that says what compile_update needs. `what` names the function in that message."""
+    RuntimeError that says what compile_update needs. `what` names the function in that message.
+
+    A compiled graph is specialized on its arguments' layout (how many tensors, their shapes): a group's functions
+    get one per set of weights a step takes together, two compilations each (the second makes its floats general).
+    Past torch's recompile limit (torch._dynamo.config.recompile_limit, 8 a function: staggered refreshes or resting
+    weights make many sets) a new layout runs `function` eager, the same arithmetic, with a warning the first time."""
 
     def __init__(self, function: Callable, what: str):
         self.function, self.what = function, what
         self._compiled: Callable | None = None
+        self._warned = False
 
     def __call__(self, *args):
         if self._compiled is None:
             self._compiled = torch.compile(self.function, fullgraph=True)
         try:
             return self._compiled(*args)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:  # raised before the graph runs: nothing written yet
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"compile_update: {self.what} met more layouts than torch's recompile limit "
+                              f"({torch._dynamo.config.recompile_limit}); those past it run eager (the same numbers, "
+                              f"more kernels)", stacklevel=2)
+            return self.function(*args)
         except Exception as error:  # Inductor's errors have many types; each is re-raised with the option named
             first_line = next(iter(str(error).strip().splitlines()), "")
             tensor = next(_tensors(args), None)

@@ -93,10 +93,10 @@ def test_the_large_batch_row_is_what_torchrun_main_pretrains_with_from_4096_toke
     pretraining = train(lambda params: optimizer_class([{"params": params, "rank": 8, "update_proj_gap": 2,
                                                          "proj_type": "std", **derived}], **step_time.OPTIONS[backend]))
     rows = [c for c in step_time.candidates() if "large-batch" in c.name and c.family == backend]
-    # foreach auto (the row) and one by one: the same numbers on a CPU, bit for bit; + foreach (and adamw's + foreach +
+    # foreach auto (the row) and one by one: the same numbers on a CPU, bit for bit; + foreach (and + foreach +
     # compile_update) to float32 rounding (the complement's norms over the weights' columns side by side,
     # tests/optimizers/test_multi_tensor.py; a fused kernel's rounding, tests/optimizers/test_compiled_together.py)
-    assert len(rows) == (4 if backend == "adamw" else 3)
+    assert len(rows) == 4
     for candidate in rows:
         row = train(lambda params, candidate=candidate: candidate.build(params, 8, 2))
         for a, b in zip(row, pretraining, strict=True):

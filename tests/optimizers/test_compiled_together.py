@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from galore_plumage import PlumageAdamW
+from galore_plumage import PlumageAdamW, PlumageAdamW8bit
 from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_SAMPLED, adamw, multi_tensor
 
 
@@ -21,12 +21,12 @@ class Layer(nn.Module):
         self.down = nn.Linear(40, 24, bias=False)
 
 
-def train(compile_update: bool, steps: int = 10, lrs=None, **options):
+def train(compile_update: bool, steps: int = 10, lrs=None, optimizer_class=PlumageAdamW, **options):
     """A weight (the second) rests every third step, so that the weights taken together change and their step
     counts, so their (α, β) pairs, differ: several runs of the mixing."""
     torch.manual_seed(0)
     layer = Layer()
-    optimizer = PlumageAdamW([{"params": list(layer.parameters()), "rank": 6, "update_proj_gap": 4, "foreach": True,
+    optimizer = optimizer_class([{"params": list(layer.parameters()), "rank": 6, "update_proj_gap": 4, "foreach": True,
                                "compile_update": compile_update, **options}], lr=1e-2, weight_decay=0.1)
     data = torch.Generator().manual_seed(1)
     for step in range(steps):
@@ -40,6 +40,18 @@ def train(compile_update: bool, steps: int = 10, lrs=None, **options):
     return layer, optimizer
 
 
+@pytest.fixture(autouse=True)
+def fresh_compilations():
+    """torch's recompile limit (8 a function) counts every layout compiled in the process: each test starts afresh,
+    so that its compiled functions do compile (a layout past the limit would run eager, and prove nothing)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+COMPILED_ONLY = pytest.mark.filterwarnings("error:.*recompile limit")  # the steps compared ran compiled
+
+
 SETTINGS = {
     # torchrun's large-batch default: Fira's complement at every update
     "fira_complement": {**FIRA_COMPLEMENT, "v_floor": "none"},
@@ -49,6 +61,7 @@ SETTINGS = {
 }
 
 
+@COMPILED_ONLY
 @pytest.mark.parametrize("name", SETTINGS)
 def test_compiled_together_trains_as_together_eager(name, monkeypatch):
     calls = {"moments": 0, "complement": 0}
@@ -76,11 +89,29 @@ def test_compiled_together_trains_as_together_eager(name, monkeypatch):
             torch.testing.assert_close(state_a[key], state_b[key], rtol=1e-4, atol=1e-7)
 
 
+@COMPILED_ONLY
+def test_8bit_compiled_together_trains_as_together_eager(monkeypatch):
+    """On 8-bit AdamW (its large-batch default, the complement at every update) only the complement's arithmetic is
+    compiled: each weight's moments are bitsandbytes' kernel."""
+    calls = []
+    real_complement = multi_tensor.mixed_compiled
+    monkeypatch.setattr(multi_tensor, "mixed_compiled", lambda *args: calls.append(1) or real_complement(*args))
+    compiled, compiled_optimizer = train(True, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
+    eager, eager_optimizer = train(False, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
+    assert len(calls) >= 4
+    torch.manual_seed(0)
+    for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
+        assert (b - before).abs().max() > 1e-3
+        torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(compiled_optimizer.state[a]["residual_norm"],
+                                   eager_optimizer.state[b]["residual_norm"], rtol=1e-4, atol=1e-7)
+
+
+@COMPILED_ONLY
 def test_the_compiled_group_does_not_compile_again_as_the_lr_changes():
     """Floats are not specialized: once the group's layouts have compiled (with the resting weight's and without),
     the lr schedule's changing α and β (and the bias corrections) reuse the compiled code, which runs (a function
     past torch's recompile limit would run eager instead, and no stance would notice)."""
-    torch._dynamo.reset()  # torch's recompile limit (8 a function) counts the other tests' layouts too
     lrs = [1e-2 * (1 - k / 20) for k in range(16)]
     layer, optimizer = train(True, steps=10, lrs=lrs, **SETTINGS["fira_complement"])
     data = torch.Generator().manual_seed(2)
@@ -97,3 +128,13 @@ def test_the_compiled_group_does_not_compile_again_as_the_lr_changes():
     # whose update is one weight's compiled one), at least
     assert len(compiled_calls) >= 4 * 2, [event.name for event in compiled_calls]
     assert all(torch.isfinite(p).all() for p in layer.parameters())
+
+
+def test_layouts_past_the_recompile_limit_run_eager_with_a_warning():
+    """Staggered refreshes and resting weights change which weights a step takes together; past torch's recompile
+    limit (1 here, 8 by default) a new layout runs the same function eager instead of failing the step."""
+    with torch._dynamo.config.patch(recompile_limit=1), pytest.warns(UserWarning, match="recompile limit"):
+        limited, _ = train(True, **SETTINGS["sampled_staggered"])
+    eager, _ = train(False, **SETTINGS["sampled_staggered"])
+    for a, b in zip(limited.parameters(), eager.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)

@@ -100,10 +100,19 @@ def test_no_recompilation_when_the_lr_and_the_step_change():
             step(lr)
 
 
-@pytest.mark.parametrize("name", ["plumage_adamw8bit", "plumage_adafactor", "plumage_sgdm"])
+@pytest.mark.parametrize("name", ["plumage_adafactor", "plumage_sgdm"])
 def test_compile_update_on_another_backend_is_refused_naming_it(name):
-    with pytest.raises(ValueError, match="compile_update=True does not apply here: it needs the adamw backend"):
+    with pytest.raises(ValueError, match="compile_update=True does not apply here: it needs Adam's moments"):
         build_optimizer(name, Layer(), rank=6, target_modules=("square",), compile_update=True)
+
+
+@pytest.mark.parametrize("foreach", [None, False])
+def test_compile_update_on_8bit_without_foreach_is_refused_saying_what_it_needs(foreach):
+    """8-bit's own update is bitsandbytes' kernel: compile_update compiles only what its weights do together."""
+    with pytest.raises(ValueError, match=f"compile_update=True on adamw8bit .* needs foreach=True, not "
+                                         f"foreach={foreach}"):
+        build_optimizer("plumage_adamw8bit", Layer(), rank=6, target_modules=("square",), compile_update=True,
+                        foreach=foreach)
 
 
 def test_compile_update_with_row_bias_correction_is_refused_naming_both():
