@@ -115,8 +115,9 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
              for update, projector in zip(updates, projectors, strict=True)]
     lengths = [low.shape[1 - mode] for low, mode in zip(low_grads, modes, strict=True)]  # columns(low, mode)'s
     edges = [0, *itertools.accumulate(lengths)]
-    spans = [(edges[run.start], edges[run.stop]) for _, run in runs(pairs)]
-    alphas, betas = zip(*(pair for pair, _ in runs(pairs)), strict=True)
+    pair_runs = list(runs(pairs))
+    spans = [(edges[run.start], edges[run.stop]) for _, run in pair_runs]
+    alphas, betas = zip(*(pair for pair, _ in pair_runs), strict=True)
     units = [update.unit for update in updates]
     mix = mixed_compiled if group.get("compile_update") else mixed_together
     mixed, weights, references = mix(
@@ -144,8 +145,7 @@ def mixed_together(directions: list[torch.Tensor], rescaled: list[torch.Tensor] 
     the caller's) and its two matmuls. `rescaled`: D⁻¹Z where PLUMAGE's 1/p applies (None: Z); `spans`, `alphas`,
     `betas`: the columns of each run of weights sharing a pair (α, β) and that pair."""
     z_columns = torch.cat([columns(direction, mode) for direction, mode in zip(directions, modes, strict=True)], dim=1)
-    r_views = [columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)]
-    r_columns = torch.cat(r_views, dim=1)
+    r_columns = torch.cat([columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)], dim=1)
     phi, references = complement_weights_together(z_columns, r_columns, grads, modes, previous, units, owners, cap)
     if rescaled is not None:
         z_columns = torch.cat([columns(z, mode) for z, mode in zip(rescaled, modes, strict=True)], dim=1)

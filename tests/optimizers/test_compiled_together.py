@@ -21,11 +21,12 @@ class Layer(nn.Module):
         self.down = nn.Linear(40, 24, bias=False)
 
 
-def train(compile_update: bool, steps: int = 10, lrs=None, optimizer_class=PlumageAdamW, **options):
+def train(compile_update: bool, steps: int = 10, lrs=None, optimizer_class=PlumageAdamW, dtype=torch.float32,
+          **options):
     """A weight (the second) rests every third step, so that the weights taken together change and their step
     counts, so their (α, β) pairs, differ: several runs of the mixing."""
     torch.manual_seed(0)
-    layer = Layer()
+    layer = Layer().to(dtype)
     optimizer = optimizer_class([{"params": list(layer.parameters()), "rank": 6, "update_proj_gap": 4, "foreach": True,
                                "compile_update": compile_update, **options}], lr=1e-2, weight_decay=0.1)
     data = torch.Generator().manual_seed(1)
@@ -33,7 +34,7 @@ def train(compile_update: bool, steps: int = 10, lrs=None, optimizer_class=Pluma
         if lrs is not None:
             optimizer.param_groups[0]["lr"] = lrs[step]
         for param in layer.parameters():
-            param.grad = torch.randn(param.shape, generator=data)
+            param.grad = torch.randn(param.shape, generator=data).to(dtype)
         if step % 3 == 2:
             layer.square[1].weight.grad = None
         optimizer.step()
@@ -87,6 +88,17 @@ def test_compiled_together_trains_as_together_eager(name, monkeypatch):
         state_a, state_b = compiled_optimizer.state[a], eager_optimizer.state[b]
         for key in ("exp_avg", "exp_avg_sq", "residual_norm"):
             torch.testing.assert_close(state_a[key], state_b[key], rtol=1e-4, atol=1e-7)
+
+
+@COMPILED_ONLY
+def test_bfloat16_weights_compiled_together_train_as_eager():
+    """torchrun's --dtype bfloat16: G in bfloat16, its norms in float32 (inside the compiled function), φ rounded to
+    bfloat16 for β φ ⊙ G (eager): the weights come out as eager's, to a bfloat16 rounding at most."""
+    compiled, _ = train(True, dtype=torch.bfloat16, **SETTINGS["fira_complement"])
+    eager, _ = train(False, dtype=torch.bfloat16, **SETTINGS["fira_complement"])
+    for a, b in zip(compiled.parameters(), eager.parameters(), strict=True):
+        assert a.dtype == torch.bfloat16
+        assert (a.float() - b.float()).abs().max() <= 2**-7 * b.float().abs().max()
 
 
 @COMPILED_ONLY
