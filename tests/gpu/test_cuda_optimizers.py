@@ -138,15 +138,18 @@ def test_batched_refreshes_on_cuda_match_one_by_one():
 
 
 @pytest.mark.parametrize("option, extra", [("foreach", {}), ("compile_update", {}),
-                                           ("foreach", {**FIRA_COMPLEMENT, "v_floor": "none"})],
-                         ids=["foreach", "compile_update", "foreach, Fira's complement"])
+                                           ("foreach", {**FIRA_COMPLEMENT, "v_floor": "none"}),
+                                           ("compile_update", {"foreach": True, **FIRA_COMPLEMENT, "v_floor": "none"})],
+                         ids=["foreach", "compile_update", "foreach, Fira's complement",
+                              "compile_update with foreach, Fira's complement"])
 def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option, extra):
     """foreach (the group's moments in _foreach kernels) and compile_update (each weight's moments in one Triton
     kernel) on CUDA: their kernels may round as the one-tensor kernels do not (foreach is bit-identical on CPU,
     tests/optimizers/test_multi_tensor.py; compile_update agrees to float32 rounding there,
     tests/optimizers/test_compiled_update.py), so the updates agree to float32 rounding; a steady update waits on the
     GPU no more than eager one by one (not at all). With Fira's complement (torchrun's large-batch default) foreach
-    also computes the complement's weights together (residual.complement_weights_together)."""
+    also computes the complement's weights together (residual.complement_weights_together); with compile_update too,
+    the group's moments and the complement's arithmetic are compiled (session 46), against foreach eager."""
     from galore_plumage import PlumageAdamW
 
     def run(fused, sync_check=False):
@@ -160,7 +163,8 @@ def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option
         for step in range(7):
             for weight in weights:
                 weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
-            if sync_check and step == 4:  # a steady update (refreshes at 0, 3, 6), compiled by then
+            if sync_check and step == 5:  # a steady update (refreshes at 0, 3, 6), compiled by then (a group's
+                # functions compile at its second update taken together and again, floats general, at its third)
                 assert _synchronisations(optimizer.step) == 0
             else:
                 optimizer.step()
