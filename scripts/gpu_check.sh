@@ -9,7 +9,8 @@
 # Settings (environment): TRAIN and TRAIN2 (the protocol's arms and lrs, two calls side by side; TRAIN2= skips it),
 # TRAIN_END (s; the timings start then), END (s; the last part ends by then), SIZES (step_time's, space-separated,
 # the first timed first), MODEL_SIZES / MODEL_SIZES_7B (model_refresh), and for a dry run on a CPU DEV=cpu with a tiny
-# MODEL, STEPS, BATCH, LEN, EVERY, EVAL_TOKENS, GAP, PROJ_RANK and MB (corpus MB).
+# MODEL, STEPS, BATCH, LEN, EVERY, EVAL_TOKENS, GAP, PROJ_RANK, MB (corpus MB) and RUNS (the protocol's runs folder:
+# a dry run's tiny runs must not replace the device's, whose commands differ, in runs/gpu60m).
 # The variables are deliberately not named RANK or WORLD_SIZE: exported, those make torchrun_main.py a rank of a
 # process group (a dry run with RANK=4 wrote no metrics).
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT
@@ -17,7 +18,7 @@ export PYTHONPATH=$PWD/.whl/site:$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:?set by the device tool}
 END=${END:-560}; TRAIN_END=${TRAIN_END:-440}; DEV=${DEV:-cuda}
 MODEL=${MODEL:-configs/llama_60m.json}; STEPS=${STEPS:-1000}; BATCH=${BATCH:-64}; LEN=${LEN:-256}; EVERY=${EVERY:-100}
-EVAL_TOKENS=${EVAL_TOKENS:-200000}; GAP=${GAP:-200}; PROJ_RANK=${PROJ_RANK:-128}; MB=${MB:-60}
+EVAL_TOKENS=${EVAL_TOKENS:-200000}; GAP=${GAP:-200}; PROJ_RANK=${PROJ_RANK:-128}; MB=${MB:-60}; RUNS=${RUNS:-runs/gpu60m}
 SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MODEL_SIZES_7B:-7b}
 # Session 43 ran the large-batch defaults here (float32 three seeds, 8-bit seed 0, docs/results.md §3); next: 8-bit's
 # seeds 1-2 for both arms at 1e-2 (TRAIN2), and plumage_adafactor's default (PLUMAGE's draws at scale 0.25, the regular
@@ -32,7 +33,7 @@ COMPILED="compile_update"
 W=/tmp/gpu_check; mkdir -p $W
 log() { echo "[$SECONDS s] $*" | tee -a $W/timeline.txt; }
 left() { local t=$(( $1 - SECONDS )); [ $t -gt $2 ] && t=$2; [ $t -lt 1 ] && t=1; echo $t; }
-pack() { tar czf $OUT/results.tgz -C $W . -C $PWD $(find runs/gpu60m -name metrics.jsonl -o -name command.json \
+pack() { tar czf $OUT/results.tgz -C $W . -C $PWD $(find $RUNS -name metrics.jsonl -o -name command.json \
   -o -name diverged -o -name stderr.txt 2>/dev/null); }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -48,7 +49,7 @@ log training
 protocol() {  # name, then the arms' flags
   local name=$1; shift
   OMP_NUM_THREADS=4 RAYON_NUM_THREADS=4 timeout $(left $TRAIN_END 500) python3 benchmarks/pretrain_protocol.py \
-    --runs runs/gpu60m --out $W --name $name --model_config $MODEL --dataset data/code.jsonl --steps $STEPS \
+    --runs $RUNS --out $W --name $name --model_config $MODEL --dataset data/code.jsonl --steps $STEPS \
     --batch_size $BATCH --max_length $LEN --rank $PROJ_RANK --update_proj_gap $GAP --eval_every $EVERY \
     --eval_tokens $EVAL_TOKENS "$@" > $W/protocol_$name.log 2>&1
 }
