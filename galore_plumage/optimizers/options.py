@@ -10,8 +10,9 @@ galore-torch's own keys (rank, update_proj_gap, scale, proj_type) are not here: 
 
 `default` is every family's value and the behaviour of a checkpoint written before the key existed;
 `plumage` is what plumage_* uses instead, where the pretraining protocol chose another (benchmarks/pretrain_protocol.py).
-Those choices fix what Adam-style normalization before D⁻¹ does to the paper's step (docs/results.md §3); a backend that
-does not normalize (SGD momentum) keeps the paper's estimator: option_defaults("plumage", normalizes=False).
+Those choices fix what Adam-style normalization before D⁻¹ does to the paper's step (docs/results.md §3); SGD momentum,
+which does not normalize, kept the paper's estimator until session 46, when it trailed the draws with 13-26x GaLore's
+seed spread (optimizers/sgdm.py), so every plumage_* backend takes `plumage` now.
 `plumage_adam` is what plumage_adamw and plumage_adamw8bit use where it differs again: since session 17 their default
 is GaLore's top-r basis with v_floor (base.PLUMAGE_ADAM_RECIPE), and the PLUMAGE-only keys keep `plumage` for a run
 that names projector="plumage".
@@ -301,11 +302,10 @@ OPTIONS: tuple[Option, ...] = (
 BY_KEY = {option.key: option for option in OPTIONS}
 
 
-def option_defaults(family: str = "", normalizes: bool = True, adam: bool = False) -> dict[str, Any]:
-    """Every option's default for one family ('' = every low-rank family but plumage_*); `normalizes`: whether the
-    backend normalizes each coordinate before D⁻¹ (False: plumage_* keeps the paper's estimator); `adam`: plumage_*
-    on Adam's moments (adamw, adamw8bit), whose recipe differs again."""
-    if family != "plumage" or not normalizes:
+def option_defaults(family: str = "", adam: bool = False) -> dict[str, Any]:
+    """Every option's default for one family ('' = every low-rank family but plumage_*); `adam`: plumage_* on Adam's
+    moments (adamw, adamw8bit), whose recipe differs again."""
+    if family != "plumage":
         return {o.key: o.default for o in OPTIONS}
     return {o.key: o.plumage_adam_default() if adam else o.plumage_default() for o in OPTIONS}
 

@@ -135,7 +135,10 @@ def complement_weights_together(z_columns: torch.Tensor, r_columns: torch.Tensor
     # ‖φ ⊙ G⊥‖ of each weight, one norm per piece in one call (φ >= 0, so √(Σ φ² ‖G⊥_j‖²) = ‖φ ⊙ ‖G⊥_j‖‖)
     sizes = torch._foreach_norm(list((phi * outside_sq.sqrt()).split(lengths)))
     if units is not None:  # per unit of each weight's step (Update.unit)
-        sizes = torch._foreach_div(sizes, units)
+        if torch.compiler.is_compiling():  # torch.compile specializes a _foreach call's list of floats (8-bit's units
+            sizes = [size / unit for size, unit in zip(sizes, units, strict=True)]  # change each step), not a float
+        else:
+            sizes = torch._foreach_div(sizes, units)
     factors, limited = limit_together(sizes, previous)
     return phi * factors[owners], limited
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_non_negative
-from .options import option_defaults
 from .realign import realign_dense
 
 
@@ -49,8 +48,15 @@ class GaLoreSGDM(LowRankOptimizer):
 
 
 class PlumageSGDM(LowRankOptimizer):
-    """SGD-momentum on PLUMAGE's projection; the momentum is realigned at refreshes (rule "m")."""
+    """SGD-momentum on PLUMAGE's projection: its draws before every update as plumage_adafactor runs them (the plumage_*
+    options: κ = 1, 1/p capped at 1, the complement on the 10 updates after a refresh) at GaLore's scale 0.25, the
+    momentum realigned at a draw (rule "mv": the buffer is M).
+
+    Until session 46 it kept the paper's estimator (SGD does not normalize before D⁻¹, so its step is not amplified as
+    Adam's is). On the fair protocol under SGD momentum, five seeds at each of lr 0.05 and 0.07, that estimator trailed
+    GaLore's recipe by 0.18 and 0.38 with 26x and 13x its seed spread (two seeds in five 0.25-1.2 nats behind), where
+    the draws were level with it (-0.011 and -0.033, |t| <= 1.0) at 2-3x its spread (docs/results.md §3, session 46).
+    Neither beats GaLore under SGD there; the paper's estimator is `preset="paper"` (PLUMAGE_PAPER)."""
 
     backend = SGDMomentumBackend()
-    # SGD momentum does not normalize before D⁻¹, so the paper's step is not amplified: it keeps the paper's estimator
-    class_defaults = {**PLUMAGE_DEFAULTS, **option_defaults("plumage", normalizes=False), "realign": "m"}
+    class_defaults = {**PLUMAGE_DEFAULTS, "scale": 0.25}

@@ -8,6 +8,7 @@ from torch import nn
 
 from galore_plumage import build_optimizer
 from galore_plumage.optimizers import LayerwiseOptimizer, describe_routing
+from galore_plumage.optimizers.options import OPTIONS
 
 
 class RMSNorm(nn.Module):
@@ -149,8 +150,11 @@ def test_projector_override():
         "plumage", "adaptive", 1.0, 1)
     assert drawn["pool_bf16"] is True
     sgdm = next(g for g in build_optimizer("plumage_sgdm", _model(), rank=4).param_groups if "rank" in g)
-    # no normalization to amplify: the paper's step
-    assert (sgdm["scale"], sgdm["sampled_step"], sgdm["max_inv_p"], sgdm["resample_every"]) == (1.0, "adaptive", None, 0)
+    # the draws as plumage_adafactor's, at GaLore's scale (session 46: the paper's step trained erratically under SGD)
+    assert (sgdm["scale"], sgdm["sampled_step"], sgdm["max_inv_p"], sgdm["resample_every"], sgdm["realign"]) == (
+        0.25, "adaptive", 1.0, 1, "mv")
+    adafactor = next(g for g in build_optimizer("plumage_adafactor", _model(), rank=4).param_groups if "rank" in g)
+    assert {o.key: sgdm[o.key] for o in OPTIONS} == {o.key: adafactor[o.key] for o in OPTIONS}
 
 
 def test_tucker_override_projects_convolutions():
