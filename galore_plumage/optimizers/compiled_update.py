@@ -56,21 +56,25 @@ class Compiled:
             self._compiled = torch.compile(self.function, fullgraph=True)
         try:
             return self._compiled(*args)
-        except torch._dynamo.exc.FailOnRecompileLimitHit:  # raised before the graph runs: nothing written yet
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"compile_update: {self.what} met more layouts than torch's recompile limit "
-                              f"({torch._dynamo.config.recompile_limit}); those past it run eager (the same numbers, "
-                              f"more kernels)", stacklevel=2)
-            return self.function(*args)
         except Exception as error:  # Inductor's errors have many types; each is re-raised with the option named
-            first_line = next(iter(str(error).strip().splitlines()), "")
-            tensor = next(_tensors(args), None)
-            where = "" if tensor is None else f" for {tensor.dtype} tensors on {tensor.device}"
-            raise RuntimeError(
-                f"compile_update=True: torch.compile could not build {self.what}{where} ({type(error).__name__}: "
-                f"{first_line}). It needs a C++ compiler for CPU tensors and Triton for CUDA ones: install that, or "
-                "drop compile_update (the same update, eager)") from error
+            # torch._dynamo's FailOnRecompileLimitHit (no public name) comes before a graph runs: nothing written yet
+            if type(error).__name__ != "FailOnRecompileLimitHit":
+                raise self._explained(error, args) from error
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"compile_update: {self.what} met more layouts than torch's recompile limit "
+                          "(torch._dynamo.config.recompile_limit, 8 by default); those past it run eager (the same "
+                          "numbers, more kernels)", stacklevel=2)
+        return self.function(*args)
+
+    def _explained(self, error: Exception, args) -> RuntimeError:
+        first_line = next(iter(str(error).strip().splitlines()), "")
+        tensor = next(_tensors(args), None)
+        where = "" if tensor is None else f" for {tensor.dtype} tensors on {tensor.device}"
+        return RuntimeError(
+            f"compile_update=True: torch.compile could not build {self.what}{where} ({type(error).__name__}: "
+            f"{first_line}). It needs a C++ compiler for CPU tensors and Triton for CUDA ones: install that, or "
+            "drop compile_update (the same update, eager)")
 
 
 def _tensors(args):

@@ -104,8 +104,8 @@ def test_every_backend_takes_its_updates_together_as_one_by_one(backend, complem
         options = {**options, "residual": "none"}
     elif complement == "fira":
         options = {**FIRA_COMPLEMENT, **({"v_floor": "none"} if backend == "adamw8bit" else {})}
-    # plumage_adafactor's defaults move its own complement on the 2 updates after a refresh
-    moves = complement == "fira" or (complement == "defaults" and backend.startswith("adafactor"))
+    # plumage_adafactor's and plumage_sgdm's defaults (PLUMAGE's draws) move their own complement after a refresh
+    moves = complement == "fira" or (complement == "defaults" and backend.startswith(("adafactor", "sgdm")))
     check_together_as_one_by_one(options, not moves, monkeypatch, optimizer_class=optimizer_class, hyper=hyper)
 
 
