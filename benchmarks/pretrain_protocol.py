@@ -57,8 +57,8 @@ ADAFACTOR_DRAWS_RECIPE_RATIO2 = ["--beta1", "0.9", "--galore_scale", "0.25", "--
 
 
 def sgdm_paper(**overrides) -> list[str]:
-    """The paper's estimator as plumage_sgdm runs it (momentum carried by rule m; no row_bias_correction, an AdamW
-    option), with `overrides`."""
+    """The paper's estimator as plumage_sgdm ran it until session 46 (momentum carried by rule m; no
+    row_bias_correction, an AdamW option), with `overrides`."""
     return plumage_flags(row_bias_correction=None, realign="m", **overrides)
 
 
@@ -369,10 +369,11 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                                                           "--residual_scale", "1"]))},
     # SGD with momentum 0.9 (the paper's debiasing study; session 3 ran it at one lr, 0.1, where the paper's estimator
     # trailed GaLore by 0.22). GaLore's recipe (scale 0.25, one lr) and GaLore at scale 1 (SGD does not normalize, so
-    # the scale is the low-rank group's lr against the regular group's); plumage_sgdm's default (the paper's estimator:
-    # SGD has no per-coordinate normalization for 1/p to be amplified by; kept in session 45) and with 1/p capped at 3
-    # (session 3's best); plumage_adafactor's draws (κ = 1, cap 1, the complement on 10 updates after a refresh) and
-    # GaLore's top-r basis, each at scale 0.25 with the regular group at 2x (the Adam defaults' pretraining recipe)
+    # the scale is the low-rank group's lr against the regular group's); the paper's estimator (plumage_sgdm's default
+    # until session 46: SGD has no per-coordinate normalization for 1/p to be amplified by, but over five seeds it
+    # trained erratically) and with 1/p capped at 3 (session 3's best); plumage_adafactor's draws (κ = 1, cap 1, the
+    # complement on 10 updates after a refresh; plumage_sgdm's default since session 46) and GaLore's top-r basis, each
+    # at scale 0.25 with the regular group at 2x (the Adam defaults' pretraining recipe)
     "galore_sgdm_recipe": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25"], (0.1, 0.2, 0.05, 0.4)),
     "galore_sgdm_scale1": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "1.0"], (0.1, 0.05, 0.2)),
     "plumage_sgdm_paper": ("plumage_sgdm", ["--beta1", "0.9", "--galore_scale", "1.0", *sgdm_paper()], (0.05, 0.1, 0.02)),
