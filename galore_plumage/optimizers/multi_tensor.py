@@ -8,8 +8,9 @@ Adafactor, SGD momentum; 8-bit AdamW advances each weight's own, Backend.update_
 and its share of the low-rank update are computed on all of their columns laid side by side (complement_together),
 and the decoupled decay of their weights is one more call. What stays one per weight is what reads or writes a whole
 weight: its two matmuls and, where the complement moves, a norm of its gradient's columns and the add-back of
-β φ ⊙ G; and everything a weight does on its own (a refresh, a draw). With compile_update (AdamW) the moments'
-calls and the complement's arithmetic (mixed_together, the norms of G's columns included) are two compiled functions:
+β φ ⊙ G; and everything a weight does on its own (a refresh, a draw). With compile_update the moments' calls
+(AdamW's; 8-bit's are bitsandbytes') and the complement's arithmetic (mixed_together, the norms of G's columns
+included) are compiled functions:
 on a CPU Inductor makes them one kernel and three (a _foreach_norm among them), so a Llama layer's steady step of
 the large-batch default launches 25 (14 of them matmuls) against 71 eager and galore-torch's 79 (compiled_update.py).
 
