@@ -265,6 +265,10 @@ def candidates() -> list[Candidate]:
         # ... taken together (foreach: auto on a GPU): plumage_adafactor's default, PLUMAGE_SAMPLED's for the others
         label = f"ours plumage draws, κ = 1 (gram) + foreach / {backend}"
         result.append(Candidate(label, backend, True, ours_build(backend, "plumage", "gram", default=True, foreach=True)))
+        if backend == "adafactor":  # ... compiled: plumage_adafactor's factored step and complement fused (session 46)
+            label = f"ours plumage draws, κ = 1 (gram) + foreach + compile_update / {backend}"
+            result.append(Candidate(label, backend, True, ours_build(backend, "plumage", "gram", default=True,
+                                                                     foreach=True, compile_update=True), compiled=True))
     return result
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from ..projectors import projector_spec
 from .base import PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
+from .compiled_update import Compiled, require_foreach
 from .multi_tensor import runs
 from .realign import realign_dense, realign_factored
 
@@ -36,6 +37,48 @@ def adafactor_step_size(group: dict, step: int, rms: float) -> float:
         step_size = min(min_step, 1.0 / math.sqrt(step))
     scale = max(group["eps"][1], rms) if group["scale_parameter"] else 1.0
     return scale * step_size
+
+
+def factored_directions_together(grads: list[torch.Tensor], row_factors: list[torch.Tensor],
+                                 col_factors: list[torch.Tensor], beta2t: float, eps: float,
+                                 clip_threshold: float) -> list[torch.Tensor]:
+    """update()'s factored step of several matrices sharing β2ₜ (their step count), before its step size: the factors'
+    EMAs advanced in place, then G / √V̂ clipped to RMS <= clip_threshold, in torch._foreach calls for all of them
+    (the row and column means, the outer product of the factors and the clipping division one per weight). A
+    function of tensors, which compile_update compiles (compiled_directions_together)."""
+    squares = torch._foreach_pow(grads, 2)
+    torch._foreach_add_(squares, eps)
+    for factors, means in ((row_factors, [square.mean(dim=-1) for square in squares]),
+                           (col_factors, [_mean_over_rows(square) for square in squares])):
+        if torch.compiler.is_compiling():  # torch.compile specializes a _foreach call's float (β2ₜ: new each step)
+            for factor, mean in zip(factors, means, strict=True):
+                factor.mul_(beta2t).add_(mean * (1.0 - beta2t))
+        else:
+            torch._foreach_mul_(factors, beta2t)
+            torch._foreach_add_(factors, means, alpha=1.0 - beta2t)
+    row_scaled = torch._foreach_div(row_factors, [_mean_of_row_factor(row) for row in row_factors])
+    torch._foreach_rsqrt_(row_scaled)
+    col_scaled = torch._foreach_rsqrt(col_factors)
+    updates = [torch.mul(row.unsqueeze(-1), col.unsqueeze(-2)) for row, col in zip(row_scaled, col_scaled, strict=True)]
+    torch._foreach_mul_(updates, grads)
+    clips = torch._foreach_div(torch._foreach_norm(updates), [update.numel() ** 0.5 for update in updates])
+    torch._foreach_div_(clips, clip_threshold)
+    torch._foreach_clamp_min_(clips, 1.0)
+    for update, clip in zip(updates, clips, strict=True):
+        update.div_(clip)
+    return updates
+
+
+compiled_directions_together = Compiled(factored_directions_together, "Adafactor's factored step of the weights "
+                                                                       "stepped together")
+
+
+def _mean_over_rows(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.mean(dim=-2)
+
+
+def _mean_of_row_factor(row: torch.Tensor) -> torch.Tensor:
+    return row.mean(dim=-1, keepdim=True)
 
 
 class AdafactorBackend(Backend):
@@ -70,6 +113,7 @@ class AdafactorBackend(Backend):
             raise ValueError(f"Invalid learning rate: {group['lr']} - should be >= 0.0")
         if group["beta1"] is not None and not 0.0 <= group["beta1"] < 1.0:
             raise ValueError(f"Invalid beta1: {group['beta1']} - should be in [0.0, 1.0) or None")
+        require_foreach(group, "adafactor", "the factored step and the complement's arithmetic")
         if "rank" in group and group["realign"] in ("mv", "mv_meansplit") and projector_spec(group["projector"]).tensors:
             for param in group["params"]:  # else realign_factored fails at the second refresh, mid-run
                 if param.dim() > 2:
@@ -121,11 +165,12 @@ class AdafactorBackend(Backend):
 
     def update_together(self, states, grads, group, params, rows):
         """update() of several factored low-rank weights whose moments exist, the same arithmetic op for op: the
-        elementwise steps in torch._foreach calls for all of them (a step count, a step size or a β2 of each weight's
-        own as a list of scalars), the reductions along one axis (row and column means, the outer product of the
-        factors, the clipping division) one per weight, and the parameters' RMS, where each update reads it, read back
-        in one transfer instead of one per weight. One weight at a time where a step size is 0 (a warm-up's lr 0:
-        update() keeps that update's unscaled step) or a weight is not a matrix."""
+        elementwise steps in torch._foreach calls for all of them (factored_directions_together, once per run of
+        weights sharing a step count, compiled with compile_update; each weight's step size as a list of scalars),
+        the reductions along one axis (row and column means, the outer product of the factors, the clipping division)
+        one per weight, and the parameters' RMS, where each update reads it, read back in one transfer instead of one
+        per weight. One weight at a time where a step size is 0 (a warm-up's lr 0: update() keeps that update's
+        unscaled step) or a weight is not a matrix."""
         if any(grad.dim() != 2 for grad in grads):
             return super().update_together(states, grads, group, params, rows)
         grads = [grad.float() for grad in grads]
@@ -139,24 +184,12 @@ class AdafactorBackend(Backend):
         if 0 in step_sizes:
             return super().update_together(states, grads, group, params, rows)
         beta2ts = [1.0 - math.pow(state["step"], group["decay_rate"]) for state in states]
-        squares = torch._foreach_pow(grads, 2)
-        torch._foreach_add_(squares, group["eps"][0])
         row_factors, col_factors = [s["exp_avg_sq_row"] for s in states], [s["exp_avg_sq_col"] for s in states]
-        for factors, means in ((row_factors, [square.mean(dim=-1) for square in squares]),
-                               (col_factors, [self._mean_over_rows(square) for square in squares])):
-            torch._foreach_mul_(factors, beta2ts)
-            for alpha, run in runs([1.0 - beta2t for beta2t in beta2ts]):  # add_'s alpha rounds as update()'s does
-                torch._foreach_add_(factors[run], means[run], alpha=alpha)
-        row_scaled = torch._foreach_div(row_factors, [self._mean_of_row_factor(row) for row in row_factors])
-        torch._foreach_rsqrt_(row_scaled)
-        col_scaled = torch._foreach_rsqrt(col_factors)
-        updates = [torch.mul(row.unsqueeze(-1), col.unsqueeze(-2)) for row, col in zip(row_scaled, col_scaled, strict=True)]
-        torch._foreach_mul_(updates, grads)
-        clips = torch._foreach_div(torch._foreach_norm(updates), [update.numel() ** 0.5 for update in updates])
-        torch._foreach_div_(clips, group["clip_threshold"])
-        torch._foreach_clamp_min_(clips, 1.0)
-        for update, clip in zip(updates, clips, strict=True):
-            update.div_(clip)
+        together = compiled_directions_together if group.get("compile_update") else factored_directions_together
+        updates = []
+        for beta2t, run in runs(beta2ts):  # one run unless the weights' step counts differ
+            updates += together(grads[run], row_factors[run], col_factors[run], beta2t, group["eps"][0],
+                                group["clip_threshold"])
         torch._foreach_mul_(updates, step_sizes)
         if group["beta1"] is not None:
             exp_avgs = [state["exp_avg"] for state in states]
@@ -172,11 +205,11 @@ class AdafactorBackend(Backend):
 
     @staticmethod
     def _mean_over_rows(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.mean(dim=-2)
+        return _mean_over_rows(tensor)
 
     @staticmethod
     def _mean_of_row_factor(row: torch.Tensor) -> torch.Tensor:
-        return row.mean(dim=-1, keepdim=True)
+        return _mean_of_row_factor(row)
 
     def over_ranks(self, process_group):
         return ShardedAdafactor(process_group)

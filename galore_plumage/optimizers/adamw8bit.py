@@ -18,6 +18,7 @@ import math
 import torch
 
 from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
+from .compiled_update import require_foreach
 from .moment_floor import floor_second_moment
 from .realign import realign_dense
 
@@ -86,11 +87,8 @@ class AdamW8bitBackend(Backend):
     def validate(self, group):
         check_non_negative(group, "lr", "eps", "weight_decay")
         check_betas(group["betas"])
-        if group.get("compile_update") and group.get("foreach") is not True:
-            # a weight's own 8-bit update is bitsandbytes' kernel: what compiles is the group's complement
-            raise ValueError(f"compile_update=True on adamw8bit compiles the complement's arithmetic of the weights a "
-                             f"step takes together (bitsandbytes' kernel updates each weight's moments): it needs "
-                             f"foreach=True, not foreach={group.get('foreach')!r}; set it, or drop compile_update")
+        require_foreach(group, "adamw8bit", "the complement's arithmetic (bitsandbytes' kernel updates each weight's "
+                        "moments)")
 
     @staticmethod
     def _init(state: dict, like: torch.Tensor, group: dict) -> None:

@@ -37,6 +37,15 @@ def moments_and_direction(exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad:
     return new_avg / (new_avg_sq.sqrt() + eps)
 
 
+def require_foreach(group: dict, backend: str, compiled: str) -> None:
+    """compile_update on a backend whose one-weight update is not compiled (8-bit's is bitsandbytes' kernel,
+    Adafactor's is not written as one function) compiles only what the weights a step takes together do: refused
+    without foreach=True, which would leave it nothing to compile."""
+    if group.get("compile_update") and group.get("foreach") is not True:
+        raise ValueError(f"compile_update=True on {backend} compiles {compiled} of the weights a step takes together: "
+                         f"it needs foreach=True, not foreach={group.get('foreach')!r}; set it, or drop compile_update")
+
+
 class Compiled:
     """`function` through torch.compile(fullgraph=True), built on its first call; a failure to compile is raised as a
     RuntimeError that says what compile_update needs. `what` names the function in that message.

@@ -157,6 +157,10 @@ def _needs_adamw(backend: str, projector_cls) -> str | None:
     return None if backend == "adamw" else f"it needs the adamw backend, not {backend!r}"
 
 
+def _needs_compilable(backend: str, projector_cls) -> str | None:
+    return None if backend != "sgdm" else "SGD momentum's update is two _foreach calls: nothing to compile"
+
+
 def _needs_adam_moments(backend: str, projector_cls) -> str | None:
     return None if backend in ("adamw", "adamw8bit") else f"it needs Adam's moments (adamw, adamw8bit), not {backend!r}"
 
@@ -227,10 +231,10 @@ OPTIONS: tuple[Option, ...] = (
            "docs/step_time.md)", _check_optional_bool("foreach"), ("yes", 1), parse=bool),
     Option("compile_update", False, "adamw: fuse each weight's moment update (v_floor, M, V and Adam's direction) into "
            "one kernel with torch.compile instead of about ten; with foreach, the moments of the weights taken together "
-           "and the complement's arithmetic on all their columns; adamw8bit (with foreach=True): that arithmetic "
-           "alone (needs a C++ compiler on a CPU, Triton on a GPU; the first updates pay the compilation, seconds; the "
-           "same numbers to float rounding; not with row_bias_correction)", check_bool("compile_update"),
-           ("yes", 1, None), applies=_needs_adam_moments),
+           "and the complement's arithmetic on all their columns; adamw8bit and adafactor (with foreach=True): that "
+           "arithmetic, and Adafactor's factored step (needs a C++ compiler on a CPU, Triton on a GPU; the first "
+           "updates pay the compilation, seconds; the same numbers to float rounding; not with row_bias_correction)",
+           check_bool("compile_update"), ("yes", 1, None), applies=_needs_compilable),
     Option("max_inv_p", None, "plumage: cap each 1/p rescale at this (>= 1): biased, but no sampled direction steps "
            "more than this many times a kept one; None/inf (flag: 'none') = no cap, the paper's estimator", check_max_inv_p,
            (0.5, -1.0, math.nan, True, "3"), plumage=1.0, to_projector=True, parse=parse_cap, applies=_needs_rescaling),

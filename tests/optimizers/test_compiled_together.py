@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from galore_plumage import PlumageAdamW, PlumageAdamW8bit
-from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_SAMPLED, adamw, multi_tensor
+from galore_plumage import PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit
+from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_SAMPLED, adafactor, adamw, multi_tensor
 
 
 class Layer(nn.Module):
@@ -22,20 +22,21 @@ class Layer(nn.Module):
 
 
 def train(compile_update: bool, steps: int = 10, lrs=None, optimizer_class=PlumageAdamW, dtype=torch.float32,
-          **options):
-    """A weight (the second) rests every third step, so that the weights taken together change and their step
-    counts, so their (α, β) pairs, differ: several runs of the mixing."""
+          hyper: dict | None = None, resting: bool = True, **options):
+    """With `resting`, a weight (the second) rests every third step, so that the weights taken together change and
+    their step counts, so their (α, β) pairs, differ: several runs of the mixing."""
     torch.manual_seed(0)
     layer = Layer().to(dtype)
     optimizer = optimizer_class([{"params": list(layer.parameters()), "rank": 6, "update_proj_gap": 4, "foreach": True,
-                               "compile_update": compile_update, **options}], lr=1e-2, weight_decay=0.1)
+                               "compile_update": compile_update, **options}],
+                                **(hyper or {"lr": 1e-2, "weight_decay": 0.1}))
     data = torch.Generator().manual_seed(1)
     for step in range(steps):
         if lrs is not None:
             optimizer.param_groups[0]["lr"] = lrs[step]
         for param in layer.parameters():
             param.grad = torch.randn(param.shape, generator=data).to(dtype)
-        if step % 3 == 2:
+        if resting and step % 3 == 2:
             layer.square[1].weight.grad = None
         optimizer.step()
     return layer, optimizer
@@ -119,28 +120,56 @@ def test_8bit_compiled_together_trains_as_together_eager(monkeypatch):
                                    eager_optimizer.state[b]["residual_norm"], rtol=1e-4, atol=1e-7)
 
 
+# Adafactor as torchrun_main.py runs it: at an lr, no relative step, no parameter scaling, momentum
+ADAFACTOR = {"lr": 1e-2, "relative_step": False, "scale_parameter": False, "weight_decay": 0.1, "beta1": 0.9}
+
+
 @COMPILED_ONLY
-@pytest.mark.parametrize("optimizer_class", [PlumageAdamW, PlumageAdamW8bit], ids=["adamw", "adamw8bit"])
+def test_adafactor_compiled_together_trains_as_together_eager(monkeypatch):
+    """plumage_adafactor's defaults (PLUMAGE's draws, the complement after each refresh): its factored step
+    (adafactor.factored_directions_together) and the complement's arithmetic compiled. No weight rests: Adafactor's
+    β2ₜ follows each weight's step count, so weights whose counts differ make a call each, and a resting weight
+    would make more layouts than torch's recompile limit in ten steps."""
+    calls = []
+    real = adafactor.compiled_directions_together
+    monkeypatch.setattr(adafactor, "compiled_directions_together", lambda *args: calls.append(1) or real(*args))
+    compiled, compiled_optimizer = train(True, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR, resting=False)
+    eager, eager_optimizer = train(False, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR, resting=False)
+    assert len(calls) >= 4
+    torch.manual_seed(0)
+    for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
+        assert (b - before).abs().max() > 1e-3
+        torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
+        for key in ("exp_avg", "exp_avg_sq_row", "exp_avg_sq_col"):
+            torch.testing.assert_close(compiled_optimizer.state[a][key], eager_optimizer.state[b][key],
+                                       rtol=1e-4, atol=1e-7)
+
+
+@COMPILED_ONLY
+@pytest.mark.parametrize("optimizer_class", [PlumageAdamW, PlumageAdamW8bit, PlumageAdafactor],
+                         ids=["adamw", "adamw8bit", "adafactor"])
 def test_the_compiled_group_does_not_compile_again_as_the_lr_changes(optimizer_class):
     """Floats are not specialized: once the group's layouts have compiled (with the resting weight's and without),
     the lr schedule's changing α and β (and the bias corrections; 8-bit's units, lr × bias correction) reuse the
     compiled code, which runs (a function past torch's recompile limit would run eager instead, and no stance would
     notice)."""
     lrs = [1e-2 * (1 - k / 20) for k in range(16)]
-    layer, optimizer = train(True, steps=10, lrs=lrs, optimizer_class=optimizer_class, **SETTINGS["fira_complement"])
+    adafactor = optimizer_class is PlumageAdafactor  # β2ₜ changes every step too; no resting weight (above)
+    layer, optimizer = train(True, steps=10, lrs=lrs, optimizer_class=optimizer_class,
+                             hyper=ADAFACTOR if adafactor else None, resting=not adafactor, **SETTINGS["fira_complement"])
     data = torch.Generator().manual_seed(2)
     with torch.compiler.set_stance("fail_on_recompile"), torch.profiler.profile() as profile:
         for k, lr in enumerate(lrs[10:]):
             optimizer.param_groups[0]["lr"] = lr
             for param in layer.parameters():
                 param.grad = torch.randn(param.shape, generator=data)
-            if k % 3 == 2:
+            if not adafactor and k % 3 == 2:
                 layer.square[1].weight.grad = None
             optimizer.step()
     compiled_calls = [event for event in profile.events() if event.name.startswith("Torch-Compiled Region")]
-    # the complement (and AdamW's moments) of the four steps without a refresh (gap 4: two of the six refresh a weight,
-    # whose update is AdamW's one weight's compiled one), at least
-    assert len(compiled_calls) >= 4 * (2 if optimizer_class is PlumageAdamW else 1), [e.name for e in compiled_calls]
+    # the complement (and AdamW's moments, Adafactor's factored step) of the four steps without a refresh (gap 4: two
+    # of the six refresh a weight, whose update is AdamW's one weight's compiled one), at least
+    assert len(compiled_calls) >= 4 * (1 if optimizer_class is PlumageAdamW8bit else 2), [e.name for e in compiled_calls]
     assert all(torch.isfinite(p).all() for p in layer.parameters())
 
 

@@ -100,19 +100,20 @@ def test_no_recompilation_when_the_lr_and_the_step_change():
             step(lr)
 
 
-@pytest.mark.parametrize("name", ["plumage_adafactor", "plumage_sgdm"])
-def test_compile_update_on_another_backend_is_refused_naming_it(name):
-    with pytest.raises(ValueError, match="compile_update=True does not apply here: it needs Adam's moments"):
-        build_optimizer(name, Layer(), rank=6, target_modules=("square",), compile_update=True)
+def test_compile_update_on_sgd_momentum_is_refused_naming_it():
+    with pytest.raises(ValueError, match="compile_update=True does not apply here: SGD momentum's update is two "
+                                         "_foreach calls"):
+        build_optimizer("plumage_sgdm", Layer(), rank=6, target_modules=("square",), compile_update=True)
 
 
 @pytest.mark.parametrize("foreach", [None, False])
-def test_compile_update_on_8bit_without_foreach_is_refused_saying_what_it_needs(foreach):
-    """8-bit's own update is bitsandbytes' kernel: compile_update compiles only what its weights do together."""
-    with pytest.raises(ValueError, match=f"compile_update=True on adamw8bit .* needs foreach=True, not "
+@pytest.mark.parametrize("name, backend", [("plumage_adamw8bit", "adamw8bit"), ("plumage_adafactor", "adafactor")])
+def test_compile_update_without_foreach_is_refused_where_it_would_compile_nothing(name, backend, foreach):
+    """8-bit's own update is bitsandbytes' kernel, Adafactor's is not compiled: compile_update compiles only what their
+    weights do together."""
+    with pytest.raises(ValueError, match=f"compile_update=True on {backend} .* needs foreach=True, not "
                                          f"foreach={foreach}"):
-        build_optimizer("plumage_adamw8bit", Layer(), rank=6, target_modules=("square",), compile_update=True,
-                        foreach=foreach)
+        build_optimizer(name, Layer(), rank=6, target_modules=("square",), compile_update=True, foreach=foreach)
 
 
 def test_compile_update_with_row_bias_correction_is_refused_naming_both():
