@@ -1,4 +1,4 @@
-"""compile_update: the arithmetic of AdamW's updates as a few fused kernels, built by torch.compile.
+"""compile_update: the arithmetic of the low-rank updates as a few fused kernels, built by torch.compile.
 
 Eager, one AdamW update of a weight's moments is about ten elementwise kernels (the v_floor bound and its maximum, M's
 two, V's two, √V, + ε, M / ·), each a pass over the r-row moments and a launch. Compiled (Inductor: C++ on a CPU,
@@ -7,7 +7,8 @@ of a 130M layer's 37 ms steady step (benchmarks/step_time.py's "+ compile_update
 it is the point.
 
 With foreach, the weights a step takes together (multi_tensor.py) are compiled as a group instead: their moments'
-_foreach calls (adamw.adam_directions_together) and the complement's arithmetic on all their columns
+_foreach calls (adamw.adam_directions_together; Adafactor's adafactor.factored_directions_together; 8-bit's none, its
+update is bitsandbytes' kernel) and the complement's arithmetic on all their columns
 (multi_tensor.mixed_together: the norms of each G's columns, φ, its limiter, the mixing), two compiled functions
 around the matmuls, which stay eager, as do the passes that write a weight (add_back_mixed).
 

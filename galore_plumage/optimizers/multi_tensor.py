@@ -9,10 +9,10 @@ and its share of the low-rank update are computed on all of their columns laid s
 and the decoupled decay of their weights is one more call. What stays one per weight is what reads or writes a whole
 weight: its two matmuls and, where the complement moves, a norm of its gradient's columns and the add-back of
 β φ ⊙ G; and everything a weight does on its own (a refresh, a draw). With compile_update the moments' calls
-(AdamW's; 8-bit's are bitsandbytes') and the complement's arithmetic (mixed_together, the norms of G's columns
-included) are compiled functions:
-on a CPU Inductor makes them one kernel and three (a _foreach_norm among them), so a Llama layer's steady step of
-the large-batch default launches 25 (14 of them matmuls) against 71 eager and galore-torch's 79 (compiled_update.py).
+(AdamW's, Adafactor's factored step; 8-bit's are bitsandbytes') and the complement's arithmetic (mixed_together, the
+norms of G's columns included) are compiled functions: on a CPU Inductor makes AdamW's and the complement one kernel
+and three (a _foreach_norm among them), so a Llama layer's steady step of the large-batch default launches 25 (14 of
+them matmuls) against 71 eager and galore-torch's 79 (compiled_update.py).
 
 Taken together: weights of a low-rank group with foreach on, on any backend, held whole (not FSDP2-sharded), stepped
 with their full gradient (not per-layer mode), whose moments exist, with no refresh due, the complement's limiter
