@@ -45,7 +45,8 @@ def factored_directions_together(grads: list[torch.Tensor], row_factors: list[to
     """update()'s factored step of several matrices sharing β2ₜ (their step count), before its step size: the factors'
     EMAs advanced in place, then G / √V̂ clipped to RMS <= clip_threshold, in torch._foreach calls for all of them
     (the row and column means, the outer product of the factors and the clipping division one per weight). A
-    function of tensors, which compile_update compiles (compiled_directions_together)."""
+    function of tensors, which compile_update compiles (compiled_directions_together). Whole tensors' means: a
+    row-sharded weight (ShardedAdafactor, whose means sum over ranks) steps one by one."""
     squares = torch._foreach_pow(grads, 2)
     torch._foreach_add_(squares, eps)
     for factors, means in ((row_factors, [square.mean(dim=-1) for square in squares]),
