@@ -6,40 +6,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from group_helpers import Layer, train
 
 from galore_plumage import PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit
 from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_SAMPLED, adafactor, adamw, multi_tensor
 
-
-class Layer(nn.Module):
-    """Three same-shaped projections, one wider than tall (projected on its other side)."""
-
-    def __init__(self):
-        super().__init__()
-        self.square = nn.ModuleList(nn.Linear(24, 24, bias=False) for _ in range(3))
-        self.down = nn.Linear(40, 24, bias=False)
+RESTING = 1  # a weight that rests every third step: the weights taken together change, and their step counts, so
+# their (α, β) pairs, differ: several runs of the mixing
 
 
-def train(compile_update: bool, steps: int = 10, lrs=None, optimizer_class=PlumageAdamW, dtype=torch.float32,
-          hyper: dict | None = None, resting: bool = True, **options):
-    """With `resting`, a weight (the second) rests every third step, so that the weights taken together change and
-    their step counts, so their (α, β) pairs, differ: several runs of the mixing."""
-    torch.manual_seed(0)
-    layer = Layer().to(dtype)
-    optimizer = optimizer_class([{"params": list(layer.parameters()), "rank": 6, "update_proj_gap": 4, "foreach": True,
-                               "compile_update": compile_update, **options}],
-                                **(hyper or {"lr": 1e-2, "weight_decay": 0.1}))
-    data = torch.Generator().manual_seed(1)
-    for step in range(steps):
-        if lrs is not None:
-            optimizer.param_groups[0]["lr"] = lrs[step]
-        for param in layer.parameters():
-            param.grad = torch.randn(param.shape, generator=data).to(dtype)
-        if resting and step % 3 == 2:
-            layer.square[1].weight.grad = None
-        optimizer.step()
-    return layer, optimizer
+def run(compile_update: bool, resting: int | None = RESTING, **options):
+    """Ten steps of the group helpers' layer, every low-rank update taken together where it can be."""
+    return train(True, steps=10, resting=resting, compile_update=compile_update, **options)
 
 
 @pytest.fixture(autouse=True)
@@ -79,13 +57,14 @@ def test_compiled_together_trains_as_together_eager(name, monkeypatch):
 
     monkeypatch.setattr(adamw, "compiled_directions_together", moments)
     monkeypatch.setattr(multi_tensor, "mixed_compiled", complement)
-    compiled, compiled_optimizer = train(True, **SETTINGS[name])
-    eager, eager_optimizer = train(False, **SETTINGS[name])
+    compiled, compiled_optimizer = run(True, **SETTINGS[name])
+    eager, eager_optimizer = run(False, **SETTINGS[name])
     assert calls["moments"] >= 4 and calls["complement"] >= 2, calls  # the compiled group did the steps compared
     torch.manual_seed(0)
     for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
         assert (b - before).abs().max() > 1e-3  # the updates compared are not vanishing
         torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
+    for a, b in zip(compiled.matrices(), eager.matrices(), strict=True):
         state_a, state_b = compiled_optimizer.state[a], eager_optimizer.state[b]
         for key in ("exp_avg", "exp_avg_sq", "residual_norm"):
             torch.testing.assert_close(state_a[key], state_b[key], rtol=1e-4, atol=1e-7)
@@ -95,8 +74,8 @@ def test_compiled_together_trains_as_together_eager(name, monkeypatch):
 def test_bfloat16_weights_compiled_together_train_as_eager():
     """torchrun's --dtype bfloat16: G in bfloat16, its norms in float32 (inside the compiled function), φ rounded to
     bfloat16 for β φ ⊙ G (eager): the weights come out as eager's, to a bfloat16 rounding at most."""
-    compiled, _ = train(True, dtype=torch.bfloat16, **SETTINGS["fira_complement"])
-    eager, _ = train(False, dtype=torch.bfloat16, **SETTINGS["fira_complement"])
+    compiled, _ = run(True, dtype=torch.bfloat16, **SETTINGS["fira_complement"])
+    eager, _ = run(False, dtype=torch.bfloat16, **SETTINGS["fira_complement"])
     for a, b in zip(compiled.parameters(), eager.parameters(), strict=True):
         assert a.dtype == torch.bfloat16
         assert (a.float() - b.float()).abs().max() <= 2**-7 * b.float().abs().max()
@@ -109,13 +88,14 @@ def test_8bit_compiled_together_trains_as_together_eager(monkeypatch):
     calls = []
     real_complement = multi_tensor.mixed_compiled
     monkeypatch.setattr(multi_tensor, "mixed_compiled", lambda *args: calls.append(1) or real_complement(*args))
-    compiled, compiled_optimizer = train(True, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
-    eager, eager_optimizer = train(False, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
+    compiled, compiled_optimizer = run(True, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
+    eager, eager_optimizer = run(False, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
     assert len(calls) >= 4
     torch.manual_seed(0)
     for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
         assert (b - before).abs().max() > 1e-3
         torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
+    for a, b in zip(compiled.matrices(), eager.matrices(), strict=True):
         torch.testing.assert_close(compiled_optimizer.state[a]["residual_norm"],
                                    eager_optimizer.state[b]["residual_norm"], rtol=1e-4, atol=1e-7)
 
@@ -127,19 +107,19 @@ ADAFACTOR = {"lr": 1e-2, "relative_step": False, "scale_parameter": False, "weig
 @COMPILED_ONLY
 def test_adafactor_compiled_together_trains_as_together_eager(monkeypatch):
     """plumage_adafactor's defaults (PLUMAGE's draws, the complement after each refresh): its factored step
-    (adafactor.factored_directions_together) and the complement's arithmetic compiled. No weight rests: Adafactor's
-    β2ₜ follows each weight's step count, so weights whose counts differ make a call each, and a resting weight
-    would make more layouts than torch's recompile limit in ten steps."""
+    (adafactor.factored_directions_together) and the complement's arithmetic compiled. Adafactor's β2ₜ follows each
+    weight's step count: once the resting weight falls behind, a step makes a call for it and one for the others."""
     calls = []
     real = adafactor.compiled_directions_together
     monkeypatch.setattr(adafactor, "compiled_directions_together", lambda *args: calls.append(1) or real(*args))
-    compiled, compiled_optimizer = train(True, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR, resting=False)
-    eager, eager_optimizer = train(False, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR, resting=False)
+    compiled, compiled_optimizer = run(True, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR)
+    eager, eager_optimizer = run(False, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR)
     assert len(calls) >= 4
     torch.manual_seed(0)
     for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
         assert (b - before).abs().max() > 1e-3
         torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
+    for a, b in zip(compiled.matrices(), eager.matrices(), strict=True):
         for key in ("exp_avg", "exp_avg_sq_row", "exp_avg_sq_col"):
             torch.testing.assert_close(compiled_optimizer.state[a][key], eager_optimizer.state[b][key],
                                        rtol=1e-4, atol=1e-7)
@@ -154,17 +134,18 @@ def test_the_compiled_group_does_not_compile_again_as_the_lr_changes(optimizer_c
     compiled code, which runs (a function past torch's recompile limit would run eager instead, and no stance would
     notice)."""
     lrs = [1e-2 * (1 - k / 20) for k in range(16)]
-    adafactor = optimizer_class is PlumageAdafactor  # β2ₜ changes every step too; no resting weight (above)
-    layer, optimizer = train(True, steps=10, lrs=lrs, optimizer_class=optimizer_class,
-                             hyper=ADAFACTOR if adafactor else None, resting=not adafactor, **SETTINGS["fira_complement"])
+    adafactor = optimizer_class is PlumageAdafactor  # β2ₜ changes every step too
+    layer, optimizer = run(True, lrs=lrs, optimizer_class=optimizer_class, hyper=ADAFACTOR if adafactor else None,
+                           **SETTINGS["fira_complement"])
     data = torch.Generator().manual_seed(2)
     with torch.compiler.set_stance("fail_on_recompile"), torch.profiler.profile() as profile:
         for k, lr in enumerate(lrs[10:]):
-            optimizer.param_groups[0]["lr"] = lr
+            for group in optimizer.param_groups:
+                group["lr"] = lr
             for param in layer.parameters():
                 param.grad = torch.randn(param.shape, generator=data)
-            if not adafactor and k % 3 == 2:
-                layer.square[1].weight.grad = None
+            if k % 3 == 2:
+                layer.matrices()[RESTING].grad = None
             optimizer.step()
     compiled_calls = [event for event in profile.events() if event.name.startswith("Torch-Compiled Region")]
     # the complement (and AdamW's moments, Adafactor's factored step) of the four steps without a refresh (gap 4: two
@@ -177,7 +158,7 @@ def test_layouts_past_the_recompile_limit_run_eager_with_a_warning():
     """Staggered refreshes and resting weights change which weights a step takes together; past torch's recompile
     limit (1 here, 8 by default) a new layout runs the same function eager instead of failing the step."""
     with torch._dynamo.config.patch(recompile_limit=1), pytest.warns(UserWarning, match="recompile limit"):
-        limited, _ = train(True, **SETTINGS["sampled_staggered"])
-    eager, _ = train(False, **SETTINGS["sampled_staggered"])
+        limited, _ = run(True, **SETTINGS["sampled_staggered"])
+    eager, _ = run(False, **SETTINGS["sampled_staggered"])
     for a, b in zip(limited.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)

@@ -8,46 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
+from group_helpers import Layer, train
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from galore_plumage import PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit, build_optimizer
 from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_PAPER, PLUMAGE_SAMPLED, PlumageSGDM, base, multi_tensor
 from galore_plumage.optimizers.multi_tensor import foreach_on
-
-
-class Layer(nn.Module):
-    """Four same-shaped projections, two of another shape, one wider than tall, a norm (a full-rank group)."""
-
-    def __init__(self, square: int = 4):
-        super().__init__()
-        self.square = nn.ModuleList(nn.Linear(40, 40, bias=False) for _ in range(square))
-        self.up = nn.ModuleList(nn.Linear(40, 72, bias=False) for _ in range(2))
-        self.down = nn.Linear(72, 40, bias=False)
-        self.norm = nn.LayerNorm(40)
-
-    def matrices(self):
-        return [*self.square.parameters(), *self.up.parameters(), self.down.weight]
-
-
-def train(foreach: bool, steps: int = 12, resting: int | None = None, dtype: torch.dtype = torch.float32,
-          optimizer_class=PlumageAdamW, hyper: dict | None = None, **options):
-    """`resting`: the index of a weight that gets no gradient on every third step; `hyper`: the optimizer's own
-    arguments (AdamW's lr and decay by default)."""
-    torch.manual_seed(0)
-    layer = Layer().to(dtype)
-    groups = [{"params": layer.matrices(), "rank": 6, "update_proj_gap": 4, "foreach": foreach, **options},
-              {"params": list(layer.norm.parameters())}]
-    optimizer = optimizer_class(groups, **(hyper or {"lr": 1e-2, "weight_decay": 0.1}))
-    data = torch.Generator().manual_seed(1)
-    for step in range(steps):
-        for param in layer.parameters():
-            param.grad = torch.randn(param.shape, generator=data).to(dtype)
-        if resting is not None and step % 3 == 2:
-            layer.matrices()[resting].grad = None
-        optimizer.step()
-    return layer, optimizer
-
 
 SETTINGS = {
     "default": {},  # GaLore's top-r basis with v_floor m2
