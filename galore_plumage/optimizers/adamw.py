@@ -6,7 +6,16 @@ import math
 
 import torch
 
-from .base import PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update, check_betas, check_non_negative
+from .base import (
+    PLUMAGE_ADAM_RECIPE,
+    PLUMAGE_DEFAULTS,
+    Backend,
+    LowRankOptimizer,
+    Pending,
+    Update,
+    check_betas,
+    check_non_negative,
+)
 from .compiled_update import Compiled, compiled_moments_and_direction
 from .moment_floor import bound_scale, floor_second_moment, floor_second_moments
 from .realign import realign_dense
@@ -94,15 +103,20 @@ class AdamWBackend(Backend):
         """update() of several low-rank weights of one group, each with its moments and no row_bias_correction, in a
         few torch._foreach calls for all of them (the same arithmetic, so the same numbers), compiled with
         compile_update (the floor, when on, stays eager)."""
+        updates, function, args = self.pending_together(states, grads, group)
+        together = compiled_directions_together if group.get("compile_update") else function
+        return [update._replace(direction=direction) for update, direction in zip(updates, together(*args), strict=True)]
+
+    def pending_together(self, states, grads, group):
+        """The floor (when on) applied, eager; the moments' advance and the directions are adam_directions_together's
+        to run, with the step sizes and decay already known."""
         beta1, beta2 = group["betas"]
         if group["v_floor"] != "none":
             floor_second_moments(states, _floor_rule(group), beta1, beta2, group["v_floor_horizon"])
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-        together = compiled_directions_together if group.get("compile_update") else adam_directions_together
-        directions = together(exp_avgs, exp_avg_sqs, grads, beta1, beta2, group["eps"])
         decay = group["lr"] * group["weight_decay"]
-        return [Update(direction, _step_size(group, state["step"]), decay)
-                for direction, state in zip(directions, states, strict=True)]
+        updates = [Update(None, _step_size(group, state["step"]), decay) for state in states]
+        return Pending(updates, adam_directions_together, (exp_avgs, exp_avg_sqs, grads, beta1, beta2, group["eps"]))
 
     def realign(self, state, projector, rule):
         if "exp_avg" in state:

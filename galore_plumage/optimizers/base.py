@@ -17,6 +17,7 @@ so checkpoints load with torch.load(weights_only=True) and resume exactly.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -86,6 +87,15 @@ class Update(NamedTuple):
     unit: float = 1.0
 
 
+class Pending(NamedTuple):
+    """Updates of weights stepped together whose directions are not computed yet, and the function of tensors that
+    computes them from `args` (and advances the moments): what compile_update compiles with the complement's
+    arithmetic that follows, in one call (Backend.pending_together, multi_tensor.step_together)."""
+    updates: list[Update]  # their `direction` None
+    function: Callable[..., list[torch.Tensor]]
+    args: tuple
+
+
 class Backend:
     """Moments and their update. Holds no state of its own: everything lives in optimizer.state[p]."""
 
@@ -112,6 +122,11 @@ class Backend:
         of all of them in torch._foreach calls (the same arithmetic, so the same numbers)."""
         return [self.update(state, grad, group, param, rows=row)
                 for state, grad, param, row in zip(states, grads, params, rows, strict=True)]
+
+    def pending_together(self, states: list[dict], grads: list[torch.Tensor], group: dict) -> Pending | None:
+        """update_together of low-rank weights without rows (one-sided), its directions left to compute: None where
+        this backend computes them itself (8-bit's kernel, Adafactor's runs of step counts, SGD momentum)."""
+        return None
 
     def realign(self, state: dict, projector: Projector, rule: str) -> None:
         """Carry the moments through the projector's latest transition (see realign.py)."""

@@ -8,12 +8,16 @@ it is the point.
 
 With foreach, the weights a step takes together (multi_tensor.py) are compiled as a group instead: their moments'
 _foreach calls (adamw.adam_directions_together; Adafactor's adafactor.factored_directions_together; 8-bit's none, its
-update is bitsandbytes' kernel) and the complement's arithmetic on all their columns
-(multi_tensor.mixed_together: the norms of each G's columns, φ, its limiter, the mixing), two compiled functions
-around the matmuls, which stay eager, as do the passes that write a weight (add_back_mixed).
+update is bitsandbytes' kernel) and the complement's arithmetic on all their columns with its pass over each weight
+(multi_tensor.mixed_together: the norms of each G's columns, φ, its limiter, the mixing, W += β φ ⊙ G). Where every
+weight moves the complement and the moments are a function of tensors (AdamW's: Backend.pending_together) the two are
+one compiled call, otherwise two. The matmuls (projection, add-back) stay eager. A call's cost on the host (guards,
+Inductor's wrapper) is what a GPU's launch-bound step pays for it: on an H200 one compiled call a weight made the
+default's steady step slower than eager (docs/step_time_cuda.md), so a group makes one.
 
 The arithmetic is eager's (tests/optimizers/test_compiled_update.py: the same weights and moments to float32
-rounding; a fused kernel may round a product and a sum once instead of twice). The first update of each kind
+rounding; a fused kernel may round a product and a sum once instead of twice; a bfloat16 intermediate is rounded as
+eager rounds it, emulate_precision_casts). The first update of each kind
 (with and without the floor, each dtype and device, then one shape-generic version when a second shape arrives)
 compiles, a few seconds each; later updates do not, whatever their lr or step: floats are not specialized.
 """
@@ -47,6 +51,14 @@ def require_foreach(group: dict, backend: str, compiled: str) -> None:
                          f"it needs foreach=True, not foreach={group.get('foreach')!r}; set it, or drop compile_update")
 
 
+# size_asserts: Inductor checks each input's sizes and strides on every call of the code it generated, after
+# torch.compile's guards have checked them to choose that code: with a group's dozens of tensors, ~7 % of a launch-
+# bound step on one CPU thread (docs/results.md §1, session 47). emulate_precision_casts: a bfloat16 intermediate (β φ
+# for a bfloat16 G) rounded as eager rounds it, not kept in float32: without it bfloat16 weights drift from eager's
+# by a few roundings in ten steps (tests/optimizers/test_compiled_together.py)
+INDUCTOR_OPTIONS = {"size_asserts": False, "emulate_precision_casts": True}
+
+
 class Compiled:
     """`function` through torch.compile(fullgraph=True), built on its first call; a failure to compile is raised as a
     RuntimeError that says what compile_update needs. `what` names the function in that message.
@@ -63,7 +75,7 @@ class Compiled:
 
     def __call__(self, *args):
         if self._compiled is None:
-            self._compiled = torch.compile(self.function, fullgraph=True)
+            self._compiled = torch.compile(self.function, fullgraph=True, options=INDUCTOR_OPTIONS)
         try:
             return self._compiled(*args)
         except Exception as error:  # Inductor's errors have many types; each is re-raised with the option named

@@ -6,13 +6,13 @@ launching those kernels one weight at a time costs more than running them; with 
 of the group that takes a steady update this step advance in a handful of torch._foreach calls for all of them (AdamW,
 Adafactor, SGD momentum; 8-bit AdamW advances each weight's own, Backend.update_together), the complement's weights
 and its share of the low-rank update are computed on all of their columns laid side by side (complement_together),
-and the decoupled decay of their weights is one more call. What stays one per weight is what reads or writes a whole
-weight: its two matmuls and, where the complement moves, a norm of its gradient's columns and the add-back of
-β φ ⊙ G; and everything a weight does on its own (a refresh, a draw). With compile_update the moments' calls
-(AdamW's, Adafactor's factored step; 8-bit's are bitsandbytes') and the complement's arithmetic (mixed_together, the
-norms of G's columns included) are compiled functions: on a CPU Inductor makes AdamW's and the complement one kernel
-and three (a _foreach_norm among them), so a Llama layer's steady step of the large-batch default launches 25 (14 of
-them matmuls) against 71 eager and galore-torch's 79 (compiled_update.py).
+as is β φ ⊙ G added to their weights (one _foreach call), and the decoupled decay of their weights is one more call.
+What stays one per weight is its two matmuls and, where the complement moves, a norm of its gradient's columns; and
+everything a weight does on its own (a refresh, a draw). With compile_update the moments' calls (AdamW's, Adafactor's
+factored step; 8-bit's are bitsandbytes') and the complement's arithmetic (mixed_together, the norms of G's columns
+and β φ ⊙ G included) are compiled, in one call where every weight moves the complement and the moments are AdamW's:
+on a CPU Inductor makes that three kernels (a _foreach_norm among them), so a Llama layer's steady step of the
+large-batch default launches 17 (14 of them matmuls) against 65 eager and galore-torch's 79 (compiled_update.py).
 
 Taken together: weights of a low-rank group with foreach on, on any backend, held whole (not FSDP2-sharded), stepped
 with their full gradient (not per-layer mode), whose moments exist, with no refresh due, the complement's limiter
@@ -30,7 +30,6 @@ from collections.abc import Iterator
 
 import torch
 
-from ..projectors.base import Outside
 from .compiled_update import Compiled
 from .residual import column_owners, complement_weights_together
 
@@ -68,10 +67,11 @@ def steady_together(optimizer, group: dict, params: list[torch.Tensor]) -> list[
 
 def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> None:
     """One steady update of each of `params` (chosen by steady_together): projected one by one, moments advanced
-    together, the complement (for the weights that move it this update) computed and folded into the low-rank
-    update on all of their columns at once, added back one by one, decayed together; then
-    after(backend, state, group, projector) for each weight (the optimizer's draw when one is due,
-    base.resample_if_due)."""
+    together, the complement (for the weights that move it this update) computed, folded into the low-rank update
+    and its β φ ⊙ G added on all of their columns at once, the low-rank update added back one by one, decayed
+    together; then after(backend, state, group, projector) for each weight (the optimizer's draw when one is due,
+    base.resample_if_due). With compile_update, where every weight moves the complement and the backend's moments are
+    a function of tensors (AdamW's), the moments and the complement are one compiled call."""
     backend = optimizer.backend
     projectors = [optimizer.projector_for(param, group) for param in params]
     states = [optimizer.state[param] for param in params]
@@ -80,18 +80,24 @@ def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> 
              for projector, state in zip(projectors, states, strict=True)]
     for state in states:
         state["step"] += 1
-    updates = backend.update_together(states, low_grads, group, params, [p.one_sided_mode for p in projectors])
+    pending = backend.pending_together(states, low_grads, group) if group.get("compile_update") and all(moved) else None
+    if pending is None:
+        updates = backend.update_together(states, low_grads, group, params, [p.one_sided_mode for p in projectors])
+    else:
+        updates = pending.updates
+    if backend.decay_first:  # before the complement, which writes the weights (its arithmetic does not read them)
+        decay_together(params, [update.decay for update in updates])
     mixed = {}
     if any(moved):
         chosen = [k for k, move in enumerate(moved) if move]
+        source = ((pending.function, pending.args) if pending is not None
+                  else (given, ([updates[k].direction for k in chosen],)))
         mixed = dict(zip(chosen, complement_together(
             [params[k] for k in chosen], [projectors[k] for k in chosen], [updates[k] for k in chosen],
-            [low_grads[k] for k in chosen], [states[k] for k in chosen], group), strict=True))
-    if backend.decay_first:
-        decay_together(params, [update.decay for update in updates])
+            [low_grads[k] for k in chosen], [states[k] for k in chosen], group, source), strict=True))
     for k, (param, projector, update) in enumerate(zip(params, projectors, updates, strict=True)):
         if k in mixed:
-            projector.add_back_mixed(param, *mixed[k])
+            projector.add_back_mixed(param, mixed[k])
         else:
             projector.add_back(param, update.direction, -update.step_size)
     if not backend.decay_first:
@@ -100,16 +106,21 @@ def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> 
         after(backend, state, group, projector)
 
 
+def given(directions: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The directions a backend has computed already, as mixed_together takes its directions (a function and its
+    arguments)."""
+    return directions
+
+
 def complement_together(params: list[torch.Tensor], projectors: list, updates: list, low_grads: list[torch.Tensor],
-                        states: list[dict], group: dict) -> list[tuple[torch.Tensor, Outside]]:
-    """For weights whose update moves the complement: each one's (mixed, outside) for Projector.add_back_mixed, the
-    low-rank part mixed = α·scale·D⁻¹Z − β·φ ⊙ R formed as add_back forms it, but on every weight's columns at once
-    (mixed_together, compiled with compile_update); each state records its limiter's new reference."""
+                        states: list[dict], group: dict, source: tuple) -> list[torch.Tensor]:
+    """For weights whose update moves the complement: β φ ⊙ G added to each, and each one's low-rank part
+    mixed = α·scale·D⁻¹Z − β·φ ⊙ R for Projector.add_back_mixed, formed as add_back forms them but on every weight's
+    columns at once (mixed_together, compiled with compile_update); each state records its limiter's new reference.
+    `source`: the function that gives the weights' directions Z and its arguments (`given` and the directions, or a
+    backend's Pending function, which then runs in the same compiled call)."""
     modes = [next(iter(projector.factors)) for projector in projectors]
-    directions = [update.direction for update in updates]
-    rescaled = None
-    if any(projector.inv_p is not None for projector in projectors):  # PLUMAGE's D⁻¹ rescales Z after φ is taken
-        rescaled = [projector.rescaled(direction) for projector, direction in zip(projectors, directions, strict=True)]
+    inv_ps = [projector.inv_p for projector in projectors]  # PLUMAGE's D⁻¹ rescales Z after φ is taken
     # α = −step size · scale, β = −|step size| · residual_scale (base.apply_update): one pair for all weights unless
     # their step counts (so their bias corrections) differ; each run of weights sharing a pair is mixed in one go
     pairs = [(-update.step_size * projector.scale, -abs(update.step_size) * group["residual_scale"])
@@ -121,41 +132,52 @@ def complement_together(params: list[torch.Tensor], projectors: list, updates: l
     alphas, betas = zip(*(pair for pair, _ in pair_runs), strict=True)
     units = [update.unit for update in updates]
     mix = mixed_compiled if group.get("compile_update") else mixed_together
-    mixed, weights, references = mix(
-        directions, rescaled, low_grads, [param.grad for param in params], modes,
-        [state["residual_norm"] for state in states], None if all(unit == 1.0 for unit in units) else units,
+    mixed, references = mix(
+        *source, None if all(inv_p is None for inv_p in inv_ps) else inv_ps, low_grads, [param.grad for param in params],
+        params, modes, [state["residual_norm"] for state in states], None if all(unit == 1.0 for unit in units) else units,
         column_owners(tuple(lengths), low_grads[0].device), group["residual_cap"], spans, list(alphas), list(betas))
     for state, reference in zip(states, references, strict=True):
         state["residual_norm"] = reference.detach()
-    return [(columns(part, mode), Outside(param.grad, low, phi.view(_along_columns(low.shape, mode)), beta))
-            for param, low, mode, (_, beta), part, phi
-            in zip(params, low_grads, modes, pairs, mixed.split(lengths, dim=1), weights.split(lengths), strict=True)]
+    return [columns(part, mode) for mode, part in zip(modes, mixed.split(lengths, dim=1), strict=True)]
 
 
-def mixed_together(directions: list[torch.Tensor], rescaled: list[torch.Tensor] | None, low_grads: list[torch.Tensor],
-                   grads: list[torch.Tensor], modes: list[int], previous: list[torch.Tensor], units: list[float] | None,
-                   owners: torch.Tensor, cap: float | None, spans: list[tuple[int, int]], alphas: list[float],
-                   betas: list[float]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """complement_together's arithmetic, a function of tensors (which compile_update compiles): the mixed low-rank
-    parts and φ of every weight's columns side by side (the caller splits them: views made in a compiled function
-    are made again on its way out, one call each), and each weight's limiter's next reference.
+def mixed_together(directions_of, direction_args: tuple, inv_ps: list[torch.Tensor | None] | None,
+                   low_grads: list[torch.Tensor], grads: list[torch.Tensor], params: list[torch.Tensor],
+                   modes: list[int], previous: list[torch.Tensor], units: list[float] | None, owners: torch.Tensor,
+                   cap: float | None, spans: list[tuple[int, int]], alphas: list[float], betas: list[float]
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """complement_together's arithmetic, a function of tensors (which compile_update compiles): the directions Z =
+    directions_of(*direction_args) (a backend's moments, compiled in the same call, or `given`), φ of every weight's
+    columns, β φ ⊙ G added to each weight (`params`, in place), and the mixed low-rank parts of every weight's columns
+    side by side (the caller splits them: views made in a compiled function are made again on its way out, one call
+    each), with each weight's limiter's next reference.
 
     Each weight's Z and R are laid side by side as the columns of one r-row matrix (`columns`), so φ's per-column
     norms, its arithmetic and the mixing are a fixed number of kernels for any number of weights (residual.
-    complement_weights_together); what stays per weight is a pass over its G (the norms of its columns; β φ ⊙ G is
-    the caller's) and its two matmuls. `rescaled`: D⁻¹Z where PLUMAGE's 1/p applies (None: Z); `spans`, `alphas`,
-    `betas`: the columns of each run of weights sharing a pair (α, β) and that pair."""
+    complement_weights_together); what stays per weight is a pass over its G (the norms of its columns) and, eager,
+    its two matmuls. `inv_ps`: each weight's PLUMAGE 1/p (None: no weight has one), which rescales Z after φ is
+    taken; `spans`, `alphas`, `betas`: the columns of each run of weights sharing a pair (α, β) and that pair."""
+    directions = directions_of(*direction_args)
     z_columns = torch.cat([columns(direction, mode) for direction, mode in zip(directions, modes, strict=True)], dim=1)
     r_columns = torch.cat([columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)], dim=1)
     phi, references = complement_weights_together(z_columns, r_columns, grads, modes, previous, units, owners, cap)
-    if rescaled is not None:
-        z_columns = torch.cat([columns(z, mode) for z, mode in zip(rescaled, modes, strict=True)], dim=1)
-    pieces = [alpha * z_columns[:, start:stop] - beta * (phi[start:stop] * r_columns[:, start:stop])
-              for (start, stop), alpha, beta in zip(spans, alphas, betas, strict=True)]
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1), phi, references
+    if inv_ps is not None:  # D⁻¹Z as Projector.rescaled forms it: 1/p on the basis's rows, a column's r entries
+        z_columns = torch.cat([columns(z, mode) if inv_p is None else columns(z, mode) * inv_p.unsqueeze(1)
+                               for z, inv_p, mode in zip(directions, inv_ps, modes, strict=True)], dim=1)
+    # β φ, a tensor: a float in a _foreach call (or in addcmul's value) is specialized by torch.compile, a recompile
+    # a step as the lr changes
+    beta_phi = [beta * phi[start:stop] for (start, stop), beta in zip(spans, betas, strict=True)]
+    pieces = [alpha * z_columns[:, start:stop] - weights * r_columns[:, start:stop]
+              for (start, stop), alpha, weights in zip(spans, alphas, beta_phi, strict=True)]
+    weights = (beta_phi[0] if len(beta_phi) == 1 else torch.cat(beta_phi)).split([g.shape[1 - m] for g, m
+                                                                                  in zip(grads, modes, strict=True)])
+    torch._foreach_addcmul_(params, grads, [
+        w.view(_along_columns(grad.shape, mode)).to(grad.dtype) for w, grad, mode in zip(weights, grads, modes,
+                                                                                       strict=True)])
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1), references
 
 
-mixed_compiled = Compiled(mixed_together, "the complement's arithmetic of the weights stepped together")
+mixed_compiled = Compiled(mixed_together, "the moments and the complement's arithmetic of the weights stepped together")
 
 
 def decay_together(params: list[torch.Tensor], decays: list[float]) -> None:
@@ -182,6 +204,7 @@ def columns(low: torch.Tensor, mode: int) -> torch.Tensor:
     return low if mode == 0 else low.T
 
 
-def _along_columns(low_shape: torch.Size, mode: int) -> tuple[int, int]:
-    """The shape that broadcasts one number per column (of `columns`) over the weight."""
-    return (1, low_shape[1]) if mode == 0 else (low_shape[0], 1)
+def _along_columns(shape: torch.Size, mode: int) -> tuple[int, int]:
+    """The shape that broadcasts one number per column (of `columns`) over a weight of `shape` (or its low-rank
+    gradient's)."""
+    return (1, shape[1]) if mode == 0 else (shape[0], 1)

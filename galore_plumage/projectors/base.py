@@ -548,24 +548,33 @@ class Projector:
             return
         low = self.rescaled(low)
         alpha *= self.scale
+        beta_weights = None
         if outside is not None:  # F's two terms share one product, F (α·scale·D⁻¹Z − β·w ⊙ R): G − F R is never written
-            low, alpha = alpha * low - outside.alpha * (outside.weights * outside.low_grad), 1.0
-        self._add_product(target, low, alpha, outside)
+            beta_weights = outside.alpha * outside.weights  # (β w) ⊙ ·, formed as the weights stepped together form it
+            low, alpha = alpha * low - beta_weights * outside.low_grad, 1.0
+            self._add_weighted_grad(target, outside.grad, beta_weights)
+        self._add_product(target, low, alpha)
 
-    def add_back_mixed(self, target: torch.Tensor, mixed: torch.Tensor, outside: Outside) -> None:
-        """add_back with the complement, where the caller formed the low-rank part, mixed = α·scale·D⁻¹Z − β·w ⊙ R
-        (multi_tensor.py: on the columns of many weights at once): target ← target + F mixed + β·w ⊙ G. One-sided
-        projections of matrices only; `outside.low_grad` is not read."""
+    def add_back_mixed(self, target: torch.Tensor, mixed: torch.Tensor) -> None:
+        """target ← target + F mixed, where the caller formed the low-rank part, mixed = α·scale·D⁻¹Z − β·w ⊙ R, and
+        added β·w ⊙ G (multi_tensor.py: on the columns of many weights at once): add_back with an Outside, in two
+        parts. One-sided projections of matrices only."""
         self._require_ready("add_back_mixed")
         self._follow_device(mixed.device)
         if len(self.factors) != 1 or target.dim() != 2:
             raise ValueError(f"add_back_mixed needs a one-sided projection of a matrix; this projector has factors on "
                              f"modes {sorted(self.factors)} of a {target.dim()}-D weight")
-        self._add_product(target, mixed, 1.0, outside)
+        self._add_product(target, mixed, 1.0)
 
-    def _add_product(self, target: torch.Tensor, low: torch.Tensor, alpha: float, outside: Outside | None) -> None:
-        """target ← target + alpha · F low (+ β·w ⊙ G with `outside`), F one-sided, without writing F low out where
-        the dtypes allow (one addmm)."""
+    @staticmethod
+    def _add_weighted_grad(target: torch.Tensor, grad: torch.Tensor, beta_weights: torch.Tensor) -> None:
+        """target ← target + (β w) ⊙ G, before F's product, as the weights stepped together add it (multi_tensor.
+        mixed_together: a bfloat16 weight rounds its two sums in the same order either way, β w rounded to G's dtype
+        as there)."""
+        target.addcmul_(grad, beta_weights.to(grad.dtype))
+
+    def _add_product(self, target: torch.Tensor, low: torch.Tensor, alpha: float) -> None:
+        """target ← target + alpha · F low, F one-sided, without writing F low out where the dtypes allow (one addmm)."""
         ((mode, factor),) = self.factors.items()
         if factor.dtype != low.dtype:  # the pool stored in bfloat16
             factor = factor.to(low.dtype)
@@ -575,11 +584,6 @@ class Projector:
             target.addmm_(factor, low, alpha=alpha)  # P Z: (m × r)(r × n)
         else:
             target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
-        if outside is not None:
-            weights = outside.weights
-            if weights.dtype != outside.grad.dtype:  # a bfloat16 gradient: φ rounded to it (the test is cheaper)
-                weights = weights.to(outside.grad.dtype)
-            target.addcmul_(outside.grad, weights, value=outside.alpha)  # β w ⊙ G
 
     @property
     def moved(self) -> bool:
