@@ -388,6 +388,15 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"plumage_sgdm_draws{name}": ("plumage_sgdm", ["--beta1", "0.9", "--galore_scale", scale, "--pool_bf16",
                                                        "--regular_lr_ratio", "1", *ADAFACTOR_DRAWS], (0.05, 0.025, 0.1))
        for name, scale in (("_recipe", "0.25"), ("_scale05", "0.5"))},
+    # ... with the gradient outside the basis moved too, at every update (session 47): GaLore's recipe with Fira's
+    # complement at Fira's scale and at GaLore's, and the draws with theirs at every update instead of the 10 after a
+    # refresh (SGD does not normalize, so Fira's φ = ‖Z‖/‖R‖ is the momentum's gain on each column)
+    **{f"galore_sgdm_recipe_fira{name}": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25", "--residual",
+                                                          "norm_matched", "--residual_scale", scale], (0.05, 0.07))
+       for name, scale in (("", "1"), ("025", "0.25"))},
+    "plumage_sgdm_draws_recipe_every": ("plumage_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16",
+                                                         "--regular_lr_ratio", "1",
+                                                         *adafactor_draws(residual_horizon="none")], (0.05, 0.07)),
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
