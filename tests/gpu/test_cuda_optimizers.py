@@ -200,3 +200,32 @@ def test_every_backend_takes_its_updates_together_on_cuda_as_one_by_one(name, ex
         return torch.cat([w.detach().flatten() for w in weights]) - start
 
     assert relative_difference(run(True), run(False)) < FP32_RTOL
+
+
+@pytest.mark.parametrize("name, extra, hyper, tolerance", [
+    ("PlumageAdamW8bit", {**FIRA_COMPLEMENT, "v_floor": "none"}, {"lr": 1e-2}, EIGHT_BIT_RTOL),
+    ("PlumageAdafactor", {"residual_horizon": None},
+     {"lr": 1e-2, "relative_step": False, "scale_parameter": False, "beta1": 0.9}, FP32_RTOL)],
+    ids=["8-bit, Fira's complement", "Adafactor's draws, the complement at every update"])
+def test_the_compiled_group_of_8bit_and_adafactor_on_cuda_matches_foreach_eager(name, extra, hyper, tolerance):
+    """compile_update with foreach on the backends whose moments stay outside the complement's compiled call (8-bit's
+    are bitsandbytes' kernel, Adafactor's factored step its own compiled function): Triton's kernels against foreach
+    eager on CUDA, to float32 rounding (on a CPU: tests/optimizers/test_compiled_together.py). The complement moves at
+    every update, so every steady step runs the compiled complement; 8-bit's tolerance allows a state code rounded the
+    other way."""
+    import galore_plumage.optimizers as optimizers
+
+    def run(compiled):
+        torch.manual_seed(0)
+        weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
+        start = torch.cat([w.detach().flatten() for w in weights])
+        optimizer = getattr(optimizers, name)([{"params": weights, "rank": 8, "update_proj_gap": 3, "foreach": True,
+                                                "compile_update": compiled, **extra}], weight_decay=0.1, **hyper)
+        generator = torch.Generator(device="cuda").manual_seed(1)
+        for _ in range(7):
+            for weight in weights:
+                weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
+            optimizer.step()
+        return torch.cat([w.detach().flatten() for w in weights]) - start
+
+    assert relative_difference(run(True), run(False)) < tolerance
