@@ -124,8 +124,10 @@ class Backend:
                 for state, grad, param, row in zip(states, grads, params, rows, strict=True)]
 
     def pending_together(self, states: list[dict], grads: list[torch.Tensor], group: dict) -> Pending | None:
-        """update_together of low-rank weights without rows (one-sided), its directions left to compute: None where
-        this backend computes them itself (8-bit's kernel, Adafactor's runs of step counts, SGD momentum)."""
+        """update_together's updates with their directions not computed yet, and the function of tensors (with its
+        arguments) that computes them: a Pending, which compile_update compiles with the complement's arithmetic in
+        one call (multi_tensor.step_together). None where this backend computes its directions otherwise (8-bit's
+        kernel a weight, Adafactor's call per run of step counts, SGD momentum's buffers)."""
         return None
 
     def realign(self, state: dict, projector: Projector, rule: str) -> None:
