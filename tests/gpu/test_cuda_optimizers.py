@@ -174,6 +174,24 @@ def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option
     assert relative_difference(run(True, sync_check=True), run(False)) < FP32_RTOL
 
 
+def _four_weights_update(name: str, group: dict, hyper: dict) -> torch.Tensor:
+    """How far optimizers.<name> moves four 96 × 64 weights on CUDA in 7 steps of seeded Gaussian gradients (refreshes
+    at 0, 3 and 6): rank 8, τ = 3, weight decay 0.1, with `group`'s options and the optimizer's `hyper`."""
+    import galore_plumage.optimizers as optimizers
+
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
+    start = torch.cat([w.detach().flatten() for w in weights])
+    optimizer = getattr(optimizers, name)([{"params": weights, "rank": 8, "update_proj_gap": 3, **group}],
+                                          weight_decay=0.1, **hyper)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(7):
+        for weight in weights:
+            weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
+        optimizer.step()
+    return torch.cat([w.detach().flatten() for w in weights]) - start
+
+
 @pytest.mark.parametrize("name, extra", [("PlumageAdamW8bit", {**FIRA_COMPLEMENT, "v_floor": "none"}),
                                          ("PlumageAdafactor", {}), ("PlumageSGDM", FIRA_COMPLEMENT)],
                          ids=["8-bit, Fira's complement", "Adafactor's draws", "SGD momentum, Fira's complement"])
@@ -181,25 +199,10 @@ def test_every_backend_takes_its_updates_together_on_cuda_as_one_by_one(name, ex
     """foreach on the other backends (session 45; on by default on a GPU): the complement and the decay taken together,
     SGD momentum's buffers in _foreach calls, 8-bit's and Adafactor's moments each weight's own; the same updates as one
     by one to float32 rounding (on a CPU: tests/optimizers/test_multi_tensor.py)."""
-    import galore_plumage.optimizers as optimizers
-
     hyper = {"PlumageAdamW8bit": {"lr": 1e-2}, "PlumageAdafactor": {"beta1": 0.9},
              "PlumageSGDM": {"lr": 1e-2, "momentum": 0.9}}[name]
-
-    def run(foreach):
-        torch.manual_seed(0)
-        weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
-        start = torch.cat([w.detach().flatten() for w in weights])
-        optimizer = getattr(optimizers, name)([{"params": weights, "rank": 8, "update_proj_gap": 3, "foreach": foreach,
-                                                **extra}], weight_decay=0.1, **hyper)
-        generator = torch.Generator(device="cuda").manual_seed(1)
-        for _ in range(7):
-            for weight in weights:
-                weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
-            optimizer.step()
-        return torch.cat([w.detach().flatten() for w in weights]) - start
-
-    assert relative_difference(run(True), run(False)) < FP32_RTOL
+    together = _four_weights_update(name, {"foreach": True, **extra}, hyper)
+    assert relative_difference(together, _four_weights_update(name, {"foreach": False, **extra}, hyper)) < FP32_RTOL
 
 
 @pytest.mark.parametrize("name, extra, hyper, tolerance", [
@@ -213,19 +216,6 @@ def test_the_compiled_group_of_8bit_and_adafactor_on_cuda_matches_foreach_eager(
     eager on CUDA, to float32 rounding (on a CPU: tests/optimizers/test_compiled_together.py). The complement moves at
     every update, so every steady step runs the compiled complement; 8-bit's tolerance allows a state code rounded the
     other way."""
-    import galore_plumage.optimizers as optimizers
-
-    def run(compiled):
-        torch.manual_seed(0)
-        weights = [torch.nn.Parameter(torch.randn(96, 64, device="cuda")) for _ in range(4)]
-        start = torch.cat([w.detach().flatten() for w in weights])
-        optimizer = getattr(optimizers, name)([{"params": weights, "rank": 8, "update_proj_gap": 3, "foreach": True,
-                                                "compile_update": compiled, **extra}], weight_decay=0.1, **hyper)
-        generator = torch.Generator(device="cuda").manual_seed(1)
-        for _ in range(7):
-            for weight in weights:
-                weight.grad = torch.randn(96, 64, device="cuda", generator=generator)
-            optimizer.step()
-        return torch.cat([w.detach().flatten() for w in weights]) - start
-
-    assert relative_difference(run(True), run(False)) < tolerance
+    compiled = _four_weights_update(name, {"foreach": True, "compile_update": True, **extra}, hyper)
+    eager = _four_weights_update(name, {"foreach": True, "compile_update": False, **extra}, hyper)
+    assert relative_difference(compiled, eager) < tolerance
