@@ -147,6 +147,15 @@ def mode_product(x: torch.Tensor, matrix: torch.Tensor, mode: int) -> torch.Tens
     return torch.movedim(torch.tensordot(matrix, x, dims=([1], [mode])), 0, mode)
 
 
+def onto_basis(x: torch.Tensor, factor: torch.Tensor, mode: int) -> torch.Tensor:
+    """x ×_mode factorᵀ, the coordinates of x's mode-`mode` fibres in the basis of factor's columns: mode_product's
+    arithmetic, a matrix's in one matmul of factor as stored (no transpose of factorᵀ back: a view costs a GPU's
+    launch-bound step host time)."""
+    if x.dim() == 2:
+        return factor.T @ x if mode == 0 else x @ factor
+    return mode_product(x, factor.T, mode)
+
+
 def refresh_generator(seed: int, index: int, count: int, draw: int = 0,
                       device: torch.device | str = "cpu") -> torch.Generator:
     """The generator for refresh number `count` of parameter `index`: a pure function of the three.
@@ -505,7 +514,7 @@ class Projector:
         for mode, factor in self.factors.items():
             if factor.dtype != x.dtype:  # the pool stored in bfloat16
                 factor = factor.to(x.dtype)
-            x = mode_product(x, factor.T, mode)
+            x = onto_basis(x, factor, mode)
         return x
 
     def project_back(self, low: torch.Tensor) -> torch.Tensor:
@@ -559,8 +568,7 @@ class Projector:
         """target ← target + F mixed, where the caller formed the low-rank part, mixed = α·scale·D⁻¹Z − β·w ⊙ R, and
         added β·w ⊙ G (multi_tensor.py: on the columns of many weights at once): add_back with an Outside, in two
         parts. One-sided projections of matrices only."""
-        self._require_ready("add_back_mixed")
-        self._follow_device(mixed.device)
+        self._require_ready("add_back_mixed")  # not _follow_device: `mixed` came from this step's project()
         if len(self.factors) != 1 or target.dim() != 2:
             raise ValueError(f"add_back_mixed needs a one-sided projection of a matrix; this projector has factors on "
                              f"modes {sorted(self.factors)} of a {target.dim()}-D weight")
