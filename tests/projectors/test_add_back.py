@@ -72,3 +72,17 @@ def test_gradient_usable(dtype):
     lone = torch.zeros(50, 7, dtype=dtype)
     lone[10, 2] = -1e-30 if dtype != torch.bfloat16 else -1e-3
     assert usable(lone)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("shape", [(12, 30), (30, 12), (6, 5, 4)])
+def test_onto_basis_is_mode_product_with_the_transposed_basis_bit_for_bit(mode, shape):
+    """project()'s onto_basis(x, F, mode) takes a matrix's coordinates in one matmul of F as stored, where
+    mode_product(x, Fᵀ, mode) transposed Fᵀ back: the same products, so the same bits (a 3-D x takes mode_product)."""
+    from galore_plumage.projectors.base import mode_product, onto_basis
+
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=generator)
+    basis, _ = torch.linalg.qr(torch.randn(shape[mode], 4, generator=generator))
+    assert torch.equal(onto_basis(x, basis, mode), mode_product(x, basis.T, mode))
+    assert onto_basis(x, basis, mode).shape[mode] == 4
