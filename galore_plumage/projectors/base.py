@@ -557,7 +557,6 @@ class Projector:
             return
         low = self.rescaled(low)
         alpha *= self.scale
-        beta_weights = None
         if outside is not None:  # F's two terms share one product, F (α·scale·D⁻¹Z − β·w ⊙ R): G − F R is never written
             beta_weights = outside.alpha * outside.weights  # (β w) ⊙ ·, formed as the weights stepped together form it
             low, alpha = alpha * low - beta_weights * outside.low_grad, 1.0
