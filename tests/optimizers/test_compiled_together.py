@@ -32,6 +32,20 @@ def fresh_compilations():
 COMPILED_ONLY = pytest.mark.filterwarnings("error:.*recompile limit")  # the steps compared ran compiled
 
 
+def assert_trained_alike(compiled: tuple, eager: tuple, keys: tuple[str, ...]) -> None:
+    """Each (layer, optimizer) trained by run(True) and run(False): the weights moved the same, to float32 rounding,
+    by updates that are not vanishing, and the projected weights' state `keys` agree."""
+    (compiled_layer, compiled_optimizer), (eager_layer, eager_optimizer) = compiled, eager
+    torch.manual_seed(0)
+    for a, b, before in zip(compiled_layer.parameters(), eager_layer.parameters(), Layer().parameters(), strict=True):
+        assert (b - before).abs().max() > 1e-3  # the updates compared are not vanishing
+        torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
+    for a, b in zip(compiled_layer.matrices(), eager_layer.matrices(), strict=True):
+        for key in keys:
+            torch.testing.assert_close(compiled_optimizer.state[a][key], eager_optimizer.state[b][key],
+                                       rtol=1e-4, atol=1e-7)
+
+
 SETTINGS = {
     # torchrun's large-batch default: Fira's complement at every update
     "fira_complement": {**FIRA_COMPLEMENT, "v_floor": "none"},
@@ -60,21 +74,13 @@ def test_compiled_together_trains_as_together_eager(name, monkeypatch):
 
     monkeypatch.setattr(adamw, "compiled_directions_together", moments)
     monkeypatch.setattr(multi_tensor, "mixed_compiled", complement)
-    compiled, compiled_optimizer = run(True, **SETTINGS[name])
-    eager, eager_optimizer = run(False, **SETTINGS[name])
+    compiled, eager = run(True, **SETTINGS[name]), run(False, **SETTINGS[name])
     # the compiled group did the steps compared: where every weight taken together moves the complement (Fira's at
     # every update) the moments run in the complement's compiled call, otherwise in a call of their own
     fused = calls["moments in the complement's call"]
     assert calls["moments"] + fused >= 4 and calls["complement"] >= 2, calls
     assert (fused >= 4) if name != "sampled_staggered" else (calls["moments"] >= 4), calls
-    torch.manual_seed(0)
-    for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
-        assert (b - before).abs().max() > 1e-3  # the updates compared are not vanishing
-        torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
-    for a, b in zip(compiled.matrices(), eager.matrices(), strict=True):
-        state_a, state_b = compiled_optimizer.state[a], eager_optimizer.state[b]
-        for key in ("exp_avg", "exp_avg_sq", "residual_norm"):
-            torch.testing.assert_close(state_a[key], state_b[key], rtol=1e-4, atol=1e-7)
+    assert_trained_alike(compiled, eager, ("exp_avg", "exp_avg_sq", "residual_norm"))
 
 
 @COMPILED_ONLY
@@ -95,16 +101,10 @@ def test_8bit_compiled_together_trains_as_together_eager(monkeypatch):
     calls = []
     real_complement = multi_tensor.mixed_compiled
     monkeypatch.setattr(multi_tensor, "mixed_compiled", lambda *args: calls.append(1) or real_complement(*args))
-    compiled, compiled_optimizer = run(True, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
-    eager, eager_optimizer = run(False, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
+    compiled = run(True, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
+    eager = run(False, optimizer_class=PlumageAdamW8bit, **SETTINGS["fira_complement"])
     assert len(calls) >= 4
-    torch.manual_seed(0)
-    for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
-        assert (b - before).abs().max() > 1e-3
-        torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
-    for a, b in zip(compiled.matrices(), eager.matrices(), strict=True):
-        torch.testing.assert_close(compiled_optimizer.state[a]["residual_norm"],
-                                   eager_optimizer.state[b]["residual_norm"], rtol=1e-4, atol=1e-7)
+    assert_trained_alike(compiled, eager, ("residual_norm",))
 
 
 # Adafactor as torchrun_main.py runs it: at an lr, no relative step, no parameter scaling, momentum
@@ -119,17 +119,10 @@ def test_adafactor_compiled_together_trains_as_together_eager(monkeypatch):
     calls = []
     real = adafactor.compiled_directions_together
     monkeypatch.setattr(adafactor, "compiled_directions_together", lambda *args: calls.append(1) or real(*args))
-    compiled, compiled_optimizer = run(True, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR)
-    eager, eager_optimizer = run(False, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR)
+    compiled = run(True, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR)
+    eager = run(False, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR)
     assert len(calls) >= 4
-    torch.manual_seed(0)
-    for a, b, before in zip(compiled.parameters(), eager.parameters(), Layer().parameters(), strict=True):
-        assert (b - before).abs().max() > 1e-3
-        torch.testing.assert_close(a - before, b - before, rtol=1e-4, atol=1e-7)
-    for a, b in zip(compiled.matrices(), eager.matrices(), strict=True):
-        for key in ("exp_avg", "exp_avg_sq_row", "exp_avg_sq_col"):
-            torch.testing.assert_close(compiled_optimizer.state[a][key], eager_optimizer.state[b][key],
-                                       rtol=1e-4, atol=1e-7)
+    assert_trained_alike(compiled, eager, ("exp_avg", "exp_avg_sq_row", "exp_avg_sq_col"))
 
 
 @COMPILED_ONLY
