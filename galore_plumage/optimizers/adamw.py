@@ -52,7 +52,7 @@ def adam_direction(state: dict, grad: torch.Tensor, beta1: float, beta2: float, 
     return torch.div(exp_avg, denominator, out=denominator)
 
 
-def adam_directions_together(exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], grads: list[torch.Tensor],
+def adam_directions_together(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                              beta1: float, beta2: float, eps: float) -> list[torch.Tensor]:
     """adam_direction of several weights in torch._foreach calls for all of them: M and V advanced in place, M / (√V
     + ε) returned. A function of tensors, which compile_update compiles (compiled_directions_together)."""
@@ -103,11 +103,12 @@ class AdamWBackend(Backend):
         """update() of several low-rank weights of one group, each with its moments and no row_bias_correction, in a
         few torch._foreach calls for all of them (the same arithmetic, so the same numbers), compiled with
         compile_update (the floor, when on, stays eager)."""
-        updates, function, args = self.pending_together(states, grads, group)
+        updates, function, args = self.pending_together(states, group)
         together = compiled_directions_together if group.get("compile_update") else function
-        return [update._replace(direction=direction) for update, direction in zip(updates, together(*args), strict=True)]
+        return [update._replace(direction=direction)
+                for update, direction in zip(updates, together(grads, *args), strict=True)]
 
-    def pending_together(self, states, grads, group):
+    def pending_together(self, states, group):
         """The floor (when on) applied, eager; the moments' advance and the directions are adam_directions_together's
         to run, with the step sizes and decay already known."""
         beta1, beta2 = group["betas"]
@@ -116,7 +117,7 @@ class AdamWBackend(Backend):
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         decay = group["lr"] * group["weight_decay"]
         updates = [Update(None, _step_size(group, state["step"]), decay) for state in states]
-        return Pending(updates, adam_directions_together, (exp_avgs, exp_avg_sqs, grads, beta1, beta2, group["eps"]))
+        return Pending(updates, adam_directions_together, (exp_avgs, exp_avg_sqs, beta1, beta2, group["eps"]))
 
     def realign(self, state, projector, rule):
         if "exp_avg" in state:

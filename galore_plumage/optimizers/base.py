@@ -89,8 +89,9 @@ class Update(NamedTuple):
 
 class Pending(NamedTuple):
     """Updates of weights stepped together whose directions are not computed yet, and the function of tensors that
-    computes them from `args` (and advances the moments): what compile_update compiles with the complement's
-    arithmetic that follows, in one call (Backend.pending_together, multi_tensor.step_together)."""
+    computes them, function(low_grads, *args) (and advances the moments): what compile_update compiles with the
+    projections before it and the complement's arithmetic after it, in one call (Backend.pending_together,
+    multi_tensor.step_together)."""
     updates: list[Update]  # their `direction` None
     function: Callable[..., list[torch.Tensor]]
     args: tuple
@@ -123,10 +124,11 @@ class Backend:
         return [self.update(state, grad, group, param, rows=row)
                 for state, grad, param, row in zip(states, grads, params, rows, strict=True)]
 
-    def pending_together(self, states: list[dict], grads: list[torch.Tensor], group: dict) -> Pending | None:
+    def pending_together(self, states: list[dict], group: dict) -> Pending | None:
         """update_together's updates with their directions not computed yet, and the function of tensors (with its
-        arguments) that computes them: a Pending, which compile_update compiles with the complement's arithmetic in
-        one call (multi_tensor.step_together). None where this backend computes its directions otherwise (8-bit's
+        arguments but the low-rank gradients, which it takes first) that computes them: a Pending, which
+        compile_update compiles with the projections and the complement's arithmetic in one call
+        (multi_tensor.step_together). None where this backend computes its directions otherwise (8-bit's
         kernel a weight, Adafactor's call per run of step counts, SGD momentum's buffers)."""
         return None
 

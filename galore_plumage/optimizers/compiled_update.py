@@ -11,7 +11,8 @@ _foreach calls (adamw.adam_directions_together; Adafactor's adafactor.factored_d
 update is bitsandbytes' kernel) and the complement's arithmetic on all their columns with its pass over each weight
 (multi_tensor.mixed_together: the norms of each G's columns, φ, its limiter, the mixing, W += β φ ⊙ G). Where every
 weight moves the complement and the moments are a function of tensors (AdamW's: Backend.pending_together) the two are
-one compiled call, otherwise two. The matmuls (projection, add-back) stay eager. A call's cost on the host (guards,
+one compiled call with the projections' matmuls (multi_tensor.projected_and_mixed), otherwise two and the matmuls
+eager. The add-backs stay eager: compiled, each weight's addmm would write a new buffer to be copied back. A call's cost on the host (guards,
 Inductor's wrapper) is what a GPU's launch-bound step pays for it: on an H200 one compiled call a weight made the
 default's steady step slower than eager (docs/step_time_cuda.md), so a group makes one.
 

@@ -10,9 +10,10 @@ as is β φ ⊙ G added to their weights (one _foreach call), and the decoupled 
 What stays one per weight is its two matmuls and, where the complement moves, a norm of its gradient's columns; and
 everything a weight does on its own (a refresh, a draw). With compile_update the moments' calls (AdamW's, Adafactor's
 factored step; 8-bit's are bitsandbytes') and the complement's arithmetic (mixed_together, the norms of G's columns
-and β φ ⊙ G included) are compiled, in one call where every weight moves the complement and the moments are AdamW's:
-on a CPU Inductor makes that three kernels (a _foreach_norm among them), so a Llama layer's steady step of the
-large-batch default launches 17 (14 of them matmuls) against 65 eager and galore-torch's 79 (compiled_update.py).
+and β φ ⊙ G included) are compiled, in one call with the projections where every weight moves the complement and
+the moments are AdamW's (projected_and_mixed): on a CPU Inductor makes that three kernels (a _foreach_norm among
+them) around the projections' matmuls, so a Llama layer's steady step of the large-batch default launches 17 (14 of
+them matmuls, the add-backs' eager) against 65 eager and galore-torch's 79 (compiled_update.py).
 
 Taken together: weights of a low-rank group with foreach on, on any backend, held whole (not FSDP2-sharded), stepped
 with their full gradient (not per-layer mode), whose moments exist, with no refresh due, the complement's limiter
@@ -30,6 +31,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..projectors.base import add_product, onto_basis
 from .compiled_update import Compiled
 from .residual import column_owners, complement_weights_together
 
@@ -71,83 +73,135 @@ def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> 
     and its β φ ⊙ G added on all of their columns at once, the low-rank update added back one by one, decayed
     together; then after(backend, state, group, projector) for each weight (the optimizer's draw when one is due,
     base.resample_if_due). With compile_update, where every weight moves the complement and the backend's moments are
-    a function of tensors (AdamW's), the moments and the complement are one compiled call."""
+    a function of tensors (AdamW's), all of that but the add-backs and the decay is one compiled call
+    (projected_and_mixed)."""
     backend = optimizer.backend
     projectors = [optimizer.projector_for(param, group) for param in params]
     states = [optimizer.state[param] for param in params]
-    low_grads = [projector.project(param.grad) for projector, param in zip(projectors, params, strict=True)]
     moved = [optimizer.residual_now(group, projector, state["step"]) != "none"
              for projector, state in zip(projectors, states, strict=True)]
     for state in states:
         state["step"] += 1
-    pending = backend.pending_together(states, low_grads, group) if group.get("compile_update") and all(moved) else None
+    pending = backend.pending_together(states, group) if group.get("compile_update") and all(moved) else None
     if pending is None:
+        low_grads = [projector.project(param.grad) for projector, param in zip(projectors, params, strict=True)]
         updates = backend.update_together(states, low_grads, group, params, [p.one_sided_mode for p in projectors])
     else:
         updates = pending.updates
     if backend.decay_first:  # before the complement, which writes the weights (its arithmetic does not read them)
         decay_together(params, [update.decay for update in updates])
-    mixed = {}
-    if any(moved):
-        chosen = [k for k, move in enumerate(moved) if move]
-        source = ((pending.function, pending.args) if pending is not None
-                  else (given, ([updates[k].direction for k in chosen],)))
-        mixed = dict(zip(chosen, complement_together(
-            [params[k] for k in chosen], [projectors[k] for k in chosen], [updates[k] for k in chosen],
-            [low_grads[k] for k in chosen], [states[k] for k in chosen], group, source), strict=True))
-    for k, (param, projector, update) in enumerate(zip(params, projectors, updates, strict=True)):
-        if k in mixed:
-            projector.add_back_mixed(param, mixed[k])
-        else:
-            projector.add_back(param, update.direction, -update.step_size)
+    if pending is None:
+        add_back_together(params, projectors, updates, low_grads, states, group, moved)
+    else:
+        step_whole(params, projectors, updates, states, group, pending)
     if not backend.decay_first:
         decay_together(params, [update.decay for update in updates])
     for projector, state in zip(projectors, states, strict=True):
         after(backend, state, group, projector)
 
 
-def given(directions: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The directions a backend has computed already, as mixed_together takes its directions (a function and its
-    arguments)."""
+def add_back_together(params: list[torch.Tensor], projectors: list, updates: list, low_grads: list[torch.Tensor],
+                      states: list[dict], group: dict, moved: list[bool]) -> None:
+    """The updates' low-rank parts added back to their weights, one matmul each, the complement's β φ ⊙ G first for
+    the weights that move it this update (`moved`), their mixing done on all of their columns at once."""
+    mixed = {}
+    if any(moved):
+        chosen = [k for k, move in enumerate(moved) if move]
+        chosen_params, chosen_projectors = [params[k] for k in chosen], [projectors[k] for k in chosen]
+        arguments = mixing_arguments(chosen_params, chosen_projectors, [updates[k] for k in chosen],
+                                     [states[k] for k in chosen], group)
+        mix = mixed_compiled if group.get("compile_update") else mixed_together
+        directions = [updates[k].direction for k in chosen]
+        parts, references = mix(given, (directions,), [low_grads[k] for k in chosen], *arguments)
+        record_references([states[k] for k in chosen], references)
+        mixed = dict(zip(chosen, split_columns(parts, arguments), strict=True))
+    for k, (param, projector, update) in enumerate(zip(params, projectors, updates, strict=True)):
+        if k in mixed:
+            projector.add_back_mixed(param, mixed[k])
+        else:
+            projector.add_back(param, update.direction, -update.step_size)
+
+
+def step_whole(params: list[torch.Tensor], projectors: list, updates: list, states: list[dict], group: dict,
+               pending) -> None:
+    """Every weight moves the complement and the backend's moments are `pending` (a Pending): the projections, the
+    moments and the complement in one compiled call (projected_and_mixed), then each weight's add-back, one addmm."""
+    operands = [projector.one_sided_operands(param.grad) for projector, param in zip(projectors, params, strict=True)]
+    factors = [factor for _, factor, _ in operands]
+    arguments = mixing_arguments(params, projectors, updates, states, group)
+    parts, references = whole_compiled(pending.function, pending.args, factors, operands[0][2], *arguments)
+    record_references(states, references)
+    for param, factor, part, (mode, _, _) in zip(params, factors, split_columns(parts, arguments), operands,
+                                                 strict=True):
+        add_product(param, factor, part, mode)
+
+
+def given(low_grads: list[torch.Tensor], directions: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The directions a backend has computed already, as mixed_together takes its directions (a function of the
+    low-rank gradients and its other arguments)."""
     return directions
 
 
-def complement_together(params: list[torch.Tensor], projectors: list, updates: list, low_grads: list[torch.Tensor],
-                        states: list[dict], group: dict, source: tuple) -> list[torch.Tensor]:
-    """For weights whose update moves the complement: β φ ⊙ G added to each, and each one's low-rank part
-    mixed = α·scale·D⁻¹Z − β·φ ⊙ R for Projector.add_back_mixed, formed as add_back forms them but on every weight's
-    columns at once (mixed_together, compiled with compile_update); each state records its limiter's new reference.
-    `source`: the function that gives the weights' directions Z and its arguments (`given` and the directions, or a
-    backend's Pending function, which then runs in the same compiled call)."""
+def mixing_arguments(params: list[torch.Tensor], projectors: list, updates: list, states: list[dict],
+                     group: dict) -> tuple:
+    """mixed_together's arguments after the low-rank gradients, for weights whose update moves the complement:
+    each one's PLUMAGE 1/p (which rescales Z after φ is taken), gradient, mode, limiter reference and unit, the
+    columns' owners, the cap, and each run of weights sharing a pair (α, β) with that pair."""
     modes = [next(iter(projector.factors)) for projector in projectors]
-    inv_ps = [projector.inv_p for projector in projectors]  # PLUMAGE's D⁻¹ rescales Z after φ is taken
+    inv_ps = [projector.inv_p for projector in projectors]
+    grads = [param.grad for param in params]
     # α = −step size · scale, β = −|step size| · residual_scale (base.apply_update): one pair for all weights unless
     # their step counts (so their bias corrections) differ; each run of weights sharing a pair is mixed in one go
     pairs = [(-update.step_size * projector.scale, -abs(update.step_size) * group["residual_scale"])
              for update, projector in zip(updates, projectors, strict=True)]
-    lengths = [low.shape[1 - mode] for low, mode in zip(low_grads, modes, strict=True)]  # columns(low, mode)'s
+    lengths = column_counts(grads, modes)
     edges = [0, *itertools.accumulate(lengths)]
     pair_runs = list(runs(pairs))
     spans = [(edges[run.start], edges[run.stop]) for _, run in pair_runs]
     alphas, betas = zip(*(pair for pair, _ in pair_runs), strict=True)
     units = [update.unit for update in updates]
-    mix = mixed_compiled if group.get("compile_update") else mixed_together
-    mixed, references = mix(
-        *source, None if all(inv_p is None for inv_p in inv_ps) else inv_ps, low_grads, [param.grad for param in params],
-        params, modes, [state["residual_norm"] for state in states], None if all(unit == 1.0 for unit in units) else units,
-        column_owners(tuple(lengths), low_grads[0].device), group["residual_cap"], spans, list(alphas), list(betas))
+    return (None if all(inv_p is None for inv_p in inv_ps) else inv_ps, grads, params, modes,
+            [state["residual_norm"] for state in states], None if all(unit == 1.0 for unit in units) else units,
+            column_owners(tuple(lengths), grads[0].device), group["residual_cap"], spans, list(alphas), list(betas))
+
+
+def record_references(states: list[dict], references: list[torch.Tensor]) -> None:
+    """Each weight's limiter's reference for its next update."""
     for state, reference in zip(states, references, strict=True):
         state["residual_norm"] = reference.detach()
-    return [columns(part, mode) for mode, part in zip(modes, mixed.split(lengths, dim=1), strict=True)]
 
 
-def mixed_together(directions_of, direction_args: tuple, inv_ps: list[torch.Tensor | None] | None,
-                   low_grads: list[torch.Tensor], grads: list[torch.Tensor], params: list[torch.Tensor],
+def split_columns(parts: torch.Tensor, arguments: tuple) -> list[torch.Tensor]:
+    """The mixed low-rank parts of every weight's columns side by side (mixed_together's) as each weight's."""
+    grads, modes = arguments[1], arguments[3]
+    return [columns(part, mode) for mode, part in zip(modes, parts.split(column_counts(grads, modes), dim=1),
+                                                      strict=True)]
+
+
+def column_counts(grads: list[torch.Tensor], modes: list[int]) -> list[int]:
+    """How many columns (of `columns`) each weight's low-rank gradient has: its weight's other side."""
+    return [grad.shape[1 - mode] for grad, mode in zip(grads, modes, strict=True)]
+
+
+def projected_and_mixed(directions_of, direction_args: tuple, factors: list[torch.Tensor], dtype: torch.dtype,
+                        *arguments) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """mixed_together with the projections before it, as a function of tensors (compiled with compile_update): each
+    gradient projected (Projector.project's matmul, in `dtype`), then the directions, the complement and β φ ⊙ G
+    (`arguments`: mixing_arguments'). The add-backs stay outside: inside, Inductor writes each weight's addmm to a
+    new buffer and copies it back (a weight-sized pass more each), where eager adds in place."""
+    grads, modes = arguments[1], arguments[3]
+    low_grads = [onto_basis(grad.to(dtype), factor.to(dtype), mode)
+                 for grad, factor, mode in zip(grads, factors, modes, strict=True)]
+    return mixed_together(directions_of, direction_args, low_grads, *arguments)
+
+
+def mixed_together(directions_of, direction_args: tuple, low_grads: list[torch.Tensor],
+                   inv_ps: list[torch.Tensor | None] | None, grads: list[torch.Tensor], params: list[torch.Tensor],
                    modes: list[int], previous: list[torch.Tensor], units: list[float] | None, owners: torch.Tensor,
                    cap: float | None, spans: list[tuple[int, int]], alphas: list[float], betas: list[float]
                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """complement_together's arithmetic, a function of tensors (which compile_update compiles): the directions Z =
-    directions_of(*direction_args) (a backend's moments, compiled in the same call, or `given`), φ of every weight's
+    """The complement's arithmetic, a function of tensors (which compile_update compiles): the directions Z =
+    directions_of(low_grads, *direction_args) (a backend's moments, compiled in the same call, or `given`), φ of every weight's
     columns, β φ ⊙ G added to each weight (`params`, in place), and the mixed low-rank parts of every weight's columns
     side by side (the caller splits them: views made in a compiled function are made again on its way out, one call
     each), with each weight's limiter's next reference.
@@ -157,7 +211,7 @@ def mixed_together(directions_of, direction_args: tuple, inv_ps: list[torch.Tens
     complement_weights_together); what stays per weight is a pass over its G (the norms of its columns) and, eager,
     its two matmuls. `inv_ps`: each weight's PLUMAGE 1/p (None: no weight has one), which rescales Z after φ is
     taken; `spans`, `alphas`, `betas`: the columns of each run of weights sharing a pair (α, β) and that pair."""
-    directions = directions_of(*direction_args)
+    directions = directions_of(low_grads, *direction_args)
     z_columns = torch.cat([columns(direction, mode) for direction, mode in zip(directions, modes, strict=True)], dim=1)
     r_columns = torch.cat([columns(low, mode) for low, mode in zip(low_grads, modes, strict=True)], dim=1)
     phi, references = complement_weights_together(z_columns, r_columns, grads, modes, previous, units, owners, cap)
@@ -169,15 +223,15 @@ def mixed_together(directions_of, direction_args: tuple, inv_ps: list[torch.Tens
     beta_phi = [beta * phi[start:stop] for (start, stop), beta in zip(spans, betas, strict=True)]
     pieces = [alpha * z_columns[:, start:stop] - weights * r_columns[:, start:stop]
               for (start, stop), alpha, weights in zip(spans, alphas, beta_phi, strict=True)]
-    weights = (beta_phi[0] if len(beta_phi) == 1 else torch.cat(beta_phi)).split([g.shape[1 - m] for g, m
-                                                                                  in zip(grads, modes, strict=True)])
+    weights = (beta_phi[0] if len(beta_phi) == 1 else torch.cat(beta_phi)).split(column_counts(grads, modes))
     torch._foreach_addcmul_(params, grads, [
         w.view(_along_columns(grad.shape, mode)).to(grad.dtype) for w, grad, mode in zip(weights, grads, modes,
                                                                                        strict=True)])
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1), references
 
 
-mixed_compiled = Compiled(mixed_together, "the moments and the complement's arithmetic of the weights stepped together")
+mixed_compiled = Compiled(mixed_together, "the complement's arithmetic of the weights stepped together")
+whole_compiled = Compiled(projected_and_mixed, "the projections, moments and complement of the weights stepped together")
 
 
 def decay_together(params: list[torch.Tensor], decays: list[float]) -> None:

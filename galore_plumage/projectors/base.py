@@ -156,6 +156,19 @@ def onto_basis(x: torch.Tensor, factor: torch.Tensor, mode: int) -> torch.Tensor
     return mode_product(x, factor.T, mode)
 
 
+def add_product(target: torch.Tensor, factor: torch.Tensor, low: torch.Tensor, mode: int, alpha: float = 1.0) -> None:
+    """target ← target + alpha · (low ×_mode factor), a one-sided basis's product added to a matrix without writing it
+    out where the dtypes allow (one addmm)."""
+    if factor.dtype != low.dtype:  # the pool stored in bfloat16
+        factor = factor.to(low.dtype)
+    if target.dtype != low.dtype:  # a bfloat16 weight with the outside: the float32 product, rounded once
+        target.add_(mode_product(low, factor, mode).to(target.dtype), alpha=alpha)
+    elif mode == 0:
+        target.addmm_(factor, low, alpha=alpha)  # P Z: (m × r)(r × n)
+    else:
+        target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
+
+
 def refresh_generator(seed: int, index: int, count: int, draw: int = 0,
                       device: torch.device | str = "cpu") -> torch.Generator:
     """The generator for refresh number `count` of parameter `index`: a pure function of the three.
@@ -563,6 +576,18 @@ class Projector:
             self._add_weighted_grad(target, outside.grad, beta_weights)
         self._add_product(target, low, alpha)
 
+    def one_sided_operands(self, grad: torch.Tensor) -> tuple[int, torch.Tensor, torch.dtype]:
+        """What project() and add_back_mixed() multiply a matrix `grad` and its low-rank part by, for a caller that
+        does both inside one compiled function (multi_tensor.whole_together): the basis's mode, its factor as stored
+        (on `grad`'s device; in bfloat16 where the pool is) and the dtype projections are computed in."""
+        self._require_ready("one_sided_operands")
+        self._follow_device(grad.device)
+        if len(self.factors) != 1 or grad.dim() != 2:
+            raise ValueError(f"one_sided_operands needs a one-sided projection of a matrix; this projector has factors "
+                             f"on modes {sorted(self.factors)} of a {grad.dim()}-D weight")
+        ((mode, factor),) = self.factors.items()
+        return mode, factor, self._dtype
+
     def add_back_mixed(self, target: torch.Tensor, mixed: torch.Tensor) -> None:
         """target ← target + F mixed, where the caller formed the low-rank part, mixed = α·scale·D⁻¹Z − β·w ⊙ R, and
         added β·w ⊙ G (multi_tensor.py: on the columns of many weights at once): add_back with an Outside, in two
@@ -581,16 +606,9 @@ class Projector:
         target.addcmul_(grad, beta_weights.to(grad.dtype))
 
     def _add_product(self, target: torch.Tensor, low: torch.Tensor, alpha: float) -> None:
-        """target ← target + alpha · F low, F one-sided, without writing F low out where the dtypes allow (one addmm)."""
+        """target ← target + alpha · F low, F one-sided (add_product)."""
         ((mode, factor),) = self.factors.items()
-        if factor.dtype != low.dtype:  # the pool stored in bfloat16
-            factor = factor.to(low.dtype)
-        if target.dtype != low.dtype:  # a bfloat16 weight with the outside: the float32 product, rounded once
-            target.add_(mode_product(low, factor, mode).to(target.dtype), alpha=alpha)
-        elif mode == 0:
-            target.addmm_(factor, low, alpha=alpha)  # P Z: (m × r)(r × n)
-        else:
-            target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
+        add_product(target, factor, low, mode, alpha)
 
     @property
     def moved(self) -> bool:

@@ -86,3 +86,34 @@ def test_onto_basis_is_mode_product_with_the_transposed_basis_bit_for_bit(mode, 
     basis, _ = torch.linalg.qr(torch.randn(shape[mode], 4, generator=generator))
     assert torch.equal(onto_basis(x, basis, mode), mode_product(x, basis.T, mode))
     assert onto_basis(x, basis, mode).shape[mode] == 4
+
+
+@pytest.mark.parametrize("name,proj_type,options", [case for case in CASES if case[1] != "full"])
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+def test_one_sided_operands_project_and_add_back_as_the_projector(name, proj_type, options, grad_dtype):
+    """What a compiled group step multiplies by (multi_tensor.projected_and_mixed): the gradient in the dtype given,
+    onto the factor as stored, is project()'s R bit for bit (a bfloat16 pool and a bfloat16 gradient cast as project
+    casts them); add_product with that factor is add_back_mixed."""
+    from galore_plumage.projectors.base import add_product, onto_basis
+
+    generator = torch.Generator().manual_seed(4)
+    grad = torch.randn(12, 30, generator=generator).to(grad_dtype)
+    projector = build_projector(name, 4, proj_type=proj_type, **options)
+    projector.refresh(grad, 0)
+    mode, factor, dtype = projector.one_sided_operands(grad)
+    assert dtype == torch.float32 and factor.data_ptr() == projector.factors[mode].data_ptr()
+    assert torch.equal(onto_basis(grad.to(dtype), factor.to(dtype), mode), projector.project(grad))
+    low = torch.randn(projector.project(grad).shape, generator=generator)
+    weight = torch.randn(12, 30, generator=generator)
+    expected = weight.clone()
+    projector.add_back_mixed(expected, low)
+    add_product(weight, factor, low, mode)
+    assert torch.equal(weight, expected)
+
+
+def test_one_sided_operands_of_a_two_sided_basis_are_refused():
+    grad = torch.randn(12, 30, generator=torch.Generator().manual_seed(5))
+    projector = build_projector("svd", 4, proj_type="full")
+    projector.refresh(grad, 0)
+    with pytest.raises(ValueError, match="one-sided projection of a matrix; this projector has factors on modes"):
+        projector.one_sided_operands(grad)
