@@ -149,8 +149,8 @@ def test_a_fused_path_on_cuda_matches_the_eager_one_without_synchronising(option
     tests/optimizers/test_compiled_update.py), so the updates agree to float32 rounding; a steady update waits on the
     GPU no more than eager one by one (not at all). With Fira's complement (torchrun's large-batch default) foreach
     also computes the complement's weights together (residual.complement_weights_together); with compile_update too,
-    the group's moments and the complement's arithmetic, β φ ⊙ G included, are one compiled call (sessions 46-47),
-    against foreach eager."""
+    the group's projections, moments and the complement's arithmetic, β φ ⊙ G included, are one compiled call
+    (sessions 46-48), against foreach eager."""
     from galore_plumage import PlumageAdamW
 
     def run(fused, sync_check=False):
