@@ -12,9 +12,9 @@ update is bitsandbytes' kernel) and the complement's arithmetic on all their col
 (multi_tensor.mixed_together: the norms of each G's columns, φ, its limiter, the mixing, W += β φ ⊙ G). Where every
 weight moves the complement and the moments are a function of tensors (AdamW's: Backend.pending_together) the two are
 one compiled call with the projections' matmuls (multi_tensor.projected_and_mixed), otherwise two and the matmuls
-eager. The add-backs stay eager: compiled, each weight's addmm would write a new buffer to be copied back. A call's cost on the host (guards,
-Inductor's wrapper) is what a GPU's launch-bound step pays for it: on an H200 one compiled call a weight made the
-default's steady step slower than eager (docs/step_time_cuda.md), so a group makes one.
+eager. The add-backs stay eager: compiled, each weight's addmm would write a new buffer to be copied back. A call's
+cost on the host (guards, Inductor's wrapper) is what a GPU's launch-bound step pays for it: on an H200 one compiled
+call a weight made the default's steady step slower than eager (docs/step_time_cuda.md), so a group makes one.
 
 The arithmetic is eager's (tests/optimizers/test_compiled_update.py: the same weights and moments to float32
 rounding; a fused kernel may round a product and a sum once instead of twice; a bfloat16 intermediate is rounded as

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -108,13 +109,13 @@ def add_back_together(params: list[torch.Tensor], projectors: list, updates: lis
     if any(moved):
         chosen = [k for k, move in enumerate(moved) if move]
         chosen_params, chosen_projectors = [params[k] for k in chosen], [projectors[k] for k in chosen]
-        arguments = mixing_arguments(chosen_params, chosen_projectors, [updates[k] for k in chosen],
-                                     [states[k] for k in chosen], group)
+        mixing = mixing_arguments(chosen_params, chosen_projectors, [updates[k] for k in chosen],
+                                  [states[k] for k in chosen], group)
         mix = mixed_compiled if group.get("compile_update") else mixed_together
         directions = [updates[k].direction for k in chosen]
-        parts, references = mix(given, (directions,), [low_grads[k] for k in chosen], *arguments)
+        parts, references = mix(given, (directions,), [low_grads[k] for k in chosen], *mixing)
         record_references([states[k] for k in chosen], references)
-        mixed = dict(zip(chosen, split_columns(parts, arguments), strict=True))
+        mixed = dict(zip(chosen, split_columns(parts, mixing), strict=True))
     for k, (param, projector, update) in enumerate(zip(params, projectors, updates, strict=True)):
         if k in mixed:
             projector.add_back_mixed(param, mixed[k])
@@ -126,13 +127,12 @@ def step_whole(params: list[torch.Tensor], projectors: list, updates: list, stat
                pending) -> None:
     """Every weight moves the complement and the backend's moments are `pending` (a Pending): the projections, the
     moments and the complement in one compiled call (projected_and_mixed), then each weight's add-back, one addmm."""
-    operands = [projector.one_sided_operands(param.grad) for projector, param in zip(projectors, params, strict=True)]
-    factors = [factor for _, factor, _ in operands]
-    arguments = mixing_arguments(params, projectors, updates, states, group)
-    parts, references = whole_compiled(pending.function, pending.args, factors, operands[0][2], *arguments)
+    modes, factors, dtypes = zip(*(projector.one_sided_operands(param.grad)
+                                   for projector, param in zip(projectors, params, strict=True)), strict=True)
+    mixing = mixing_arguments(params, projectors, updates, states, group)
+    parts, references = whole_compiled(pending.function, pending.args, list(factors), list(dtypes), mixing)
     record_references(states, references)
-    for param, factor, part, (mode, _, _) in zip(params, factors, split_columns(parts, arguments), operands,
-                                                 strict=True):
+    for param, factor, part, mode in zip(params, factors, split_columns(parts, mixing), modes, strict=True):
         add_product(param, factor, part, mode)
 
 
@@ -142,11 +142,24 @@ def given(low_grads: list[torch.Tensor], directions: list[torch.Tensor]) -> list
     return directions
 
 
+class Mixing(NamedTuple):
+    """mixed_together's arguments after the low-rank gradients, for weights whose update moves the complement."""
+    inv_ps: list[torch.Tensor | None] | None  # each one's PLUMAGE 1/p, which rescales Z after φ is taken (None: none)
+    grads: list[torch.Tensor]
+    params: list[torch.Tensor]
+    modes: list[int]
+    previous: list[torch.Tensor]  # each one's limiter reference
+    units: list[float] | None  # each one's Update.unit (None: all 1)
+    owners: torch.Tensor  # each column's weight (residual.column_owners)
+    cap: float | None
+    spans: list[tuple[int, int]]  # the columns of each run of weights sharing a pair (α, β) ...
+    alphas: list[float]  # ... and that pair
+    betas: list[float]
+
+
 def mixing_arguments(params: list[torch.Tensor], projectors: list, updates: list, states: list[dict],
-                     group: dict) -> tuple:
-    """mixed_together's arguments after the low-rank gradients, for weights whose update moves the complement:
-    each one's PLUMAGE 1/p (which rescales Z after φ is taken), gradient, mode, limiter reference and unit, the
-    columns' owners, the cap, and each run of weights sharing a pair (α, β) with that pair."""
+                     group: dict) -> Mixing:
+    """The Mixing of these weights' updates at this step."""
     modes = [next(iter(projector.factors)) for projector in projectors]
     inv_ps = [projector.inv_p for projector in projectors]
     grads = [param.grad for param in params]
@@ -160,9 +173,10 @@ def mixing_arguments(params: list[torch.Tensor], projectors: list, updates: list
     spans = [(edges[run.start], edges[run.stop]) for _, run in pair_runs]
     alphas, betas = zip(*(pair for pair, _ in pair_runs), strict=True)
     units = [update.unit for update in updates]
-    return (None if all(inv_p is None for inv_p in inv_ps) else inv_ps, grads, params, modes,
-            [state["residual_norm"] for state in states], None if all(unit == 1.0 for unit in units) else units,
-            column_owners(tuple(lengths), grads[0].device), group["residual_cap"], spans, list(alphas), list(betas))
+    return Mixing(None if all(inv_p is None for inv_p in inv_ps) else inv_ps, grads, params, modes,
+                  [state["residual_norm"] for state in states], None if all(unit == 1.0 for unit in units) else units,
+                  column_owners(tuple(lengths), grads[0].device), group["residual_cap"], spans, list(alphas),
+                  list(betas))
 
 
 def record_references(states: list[dict], references: list[torch.Tensor]) -> None:
@@ -171,11 +185,10 @@ def record_references(states: list[dict], references: list[torch.Tensor]) -> Non
         state["residual_norm"] = reference.detach()
 
 
-def split_columns(parts: torch.Tensor, arguments: tuple) -> list[torch.Tensor]:
+def split_columns(parts: torch.Tensor, mixing: Mixing) -> list[torch.Tensor]:
     """The mixed low-rank parts of every weight's columns side by side (mixed_together's) as each weight's."""
-    grads, modes = arguments[1], arguments[3]
-    return [columns(part, mode) for mode, part in zip(modes, parts.split(column_counts(grads, modes), dim=1),
-                                                      strict=True)]
+    lengths = column_counts(mixing.grads, mixing.modes)
+    return [columns(part, mode) for mode, part in zip(mixing.modes, parts.split(lengths, dim=1), strict=True)]
 
 
 def column_counts(grads: list[torch.Tensor], modes: list[int]) -> list[int]:
@@ -183,16 +196,15 @@ def column_counts(grads: list[torch.Tensor], modes: list[int]) -> list[int]:
     return [grad.shape[1 - mode] for grad, mode in zip(grads, modes, strict=True)]
 
 
-def projected_and_mixed(directions_of, direction_args: tuple, factors: list[torch.Tensor], dtype: torch.dtype,
-                        *arguments) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def projected_and_mixed(directions_of, direction_args: tuple, factors: list[torch.Tensor], dtypes: list[torch.dtype],
+                        mixing: Mixing) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """mixed_together with the projections before it, as a function of tensors (compiled with compile_update): each
-    gradient projected (Projector.project's matmul, in `dtype`), then the directions, the complement and β φ ⊙ G
-    (`arguments`: mixing_arguments'). The add-backs stay outside: inside, Inductor writes each weight's addmm to a
-    new buffer and copies it back (a weight-sized pass more each), where eager adds in place."""
-    grads, modes = arguments[1], arguments[3]
+    gradient projected (Projector.project's matmul, in its `dtypes` entry), then the directions, the complement and
+    β φ ⊙ G. The add-backs stay outside: inside, Inductor writes each weight's addmm to a new buffer and copies it
+    back (a weight-sized pass more each), where eager adds in place."""
     low_grads = [onto_basis(grad.to(dtype), factor.to(dtype), mode)
-                 for grad, factor, mode in zip(grads, factors, modes, strict=True)]
-    return mixed_together(directions_of, direction_args, low_grads, *arguments)
+                 for grad, factor, dtype, mode in zip(mixing.grads, factors, dtypes, mixing.modes, strict=True)]
+    return mixed_together(directions_of, direction_args, low_grads, *mixing)
 
 
 def mixed_together(directions_of, direction_args: tuple, low_grads: list[torch.Tensor],
