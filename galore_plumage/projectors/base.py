@@ -578,14 +578,11 @@ class Projector:
 
     def one_sided_operands(self, grad: torch.Tensor) -> tuple[int, torch.Tensor, torch.dtype]:
         """What project() and add_back_mixed() multiply a matrix `grad` and its low-rank part by, for a caller that
-        does both inside one compiled function (multi_tensor.whole_together): the basis's mode, its factor as stored
-        (on `grad`'s device; in bfloat16 where the pool is) and the dtype projections are computed in."""
+        does both inside one compiled function (multi_tensor.projected_and_mixed): the basis's mode, its factor as
+        stored (on `grad`'s device; in bfloat16 where the pool is) and the dtype projections are computed in."""
         self._require_ready("one_sided_operands")
         self._follow_device(grad.device)
-        if len(self.factors) != 1 or grad.dim() != 2:
-            raise ValueError(f"one_sided_operands needs a one-sided projection of a matrix; this projector has factors "
-                             f"on modes {sorted(self.factors)} of a {grad.dim()}-D weight")
-        ((mode, factor),) = self.factors.items()
+        mode, factor = self._one_sided_factor("one_sided_operands", grad)
         return mode, factor, self._dtype
 
     def add_back_mixed(self, target: torch.Tensor, mixed: torch.Tensor) -> None:
@@ -593,10 +590,16 @@ class Projector:
         added β·w ⊙ G (multi_tensor.py: on the columns of many weights at once): add_back with an Outside, in two
         parts. One-sided projections of matrices only."""
         self._require_ready("add_back_mixed")  # not _follow_device: `mixed` came from this step's project()
-        if len(self.factors) != 1 or target.dim() != 2:
-            raise ValueError(f"add_back_mixed needs a one-sided projection of a matrix; this projector has factors on "
-                             f"modes {sorted(self.factors)} of a {target.dim()}-D weight")
+        self._one_sided_factor("add_back_mixed", target)
         self._add_product(target, mixed, 1.0)
+
+    def _one_sided_factor(self, what: str, matrix: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """The basis's mode and factor, refused (naming `what`) unless it is one-sided and `matrix` is a matrix."""
+        if len(self.factors) != 1 or matrix.dim() != 2:
+            raise ValueError(f"{what} needs a one-sided projection of a matrix; this projector has factors on modes "
+                             f"{sorted(self.factors)} of a {matrix.dim()}-D weight")
+        ((mode, factor),) = self.factors.items()
+        return mode, factor
 
     @staticmethod
     def _add_weighted_grad(target: torch.Tensor, grad: torch.Tensor, beta_weights: torch.Tensor) -> None:
