@@ -357,7 +357,7 @@ class LowRankOptimizer(Optimizer):
             together = steady_together(self, group, params)  # foreach: plain steady updates in _foreach calls
             if together:
                 step_together(self, group, together, after=defer_draw)
-            done = {id(param) for param in together}
+            done = {id(member.param) for member in together}
             for param in params:
                 if id(param) not in done:
                     self._step_param(param, group, grad=param.grad, after=defer_draw)

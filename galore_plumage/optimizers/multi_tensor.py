@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..projectors.base import add_product, onto_basis
+from ..projectors.base import Projector, add_product, onto_basis
 from .compiled_update import Compiled
 from .residual import column_owners, complement_weights_together
 
@@ -46,7 +46,15 @@ def foreach_on(group: dict, params: list[torch.Tensor]) -> bool:
     return bool(params) and params[0].device.type == "cuda"
 
 
-def steady_together(optimizer, group: dict, params: list[torch.Tensor]) -> list[torch.Tensor]:
+class Member(NamedTuple):
+    """A weight taken together at this step, with what steady_together looked up to choose it."""
+    param: torch.Tensor
+    projector: Projector
+    state: dict
+    moved: bool  # its update moves the complement
+
+
+def steady_together(optimizer, group: dict, params: list[torch.Tensor]) -> list[Member]:
     """The weights of `group` (among `params`, which have gradients) whose update at this step is taken together; none
     when fewer than two qualify (one weight gains nothing)."""
     if ("rank" not in group or not foreach_on(group, params) or optimizer.step_observers or group["row_bias_correction"]
@@ -64,12 +72,12 @@ def steady_together(optimizer, group: dict, params: list[torch.Tensor]) -> list[
         if (not projector.ready or projector.due(step) or (complement and "residual_norm" not in state)
                 or (group["sampled_step"] != "adaptive" and projector.inv_p is not None)):
             continue
-        chosen.append(param)
+        chosen.append(Member(param, projector, state, complement))
     return chosen if len(chosen) > 1 else []
 
 
-def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> None:
-    """One steady update of each of `params` (chosen by steady_together): projected one by one, moments advanced
+def step_together(optimizer, group: dict, members: list[Member], after) -> None:
+    """One steady update of each of `members` (chosen by steady_together): projected one by one, moments advanced
     together, the complement (for the weights that move it this update) computed, folded into the low-rank update
     and its β φ ⊙ G added on all of their columns at once, the low-rank update added back one by one, decayed
     together; then after(backend, state, group, projector) for each weight (the optimizer's draw when one is due,
@@ -77,10 +85,7 @@ def step_together(optimizer, group: dict, params: list[torch.Tensor], after) -> 
     a function of tensors (AdamW's), all of that but the add-backs and the decay is one compiled call
     (projected_and_mixed)."""
     backend = optimizer.backend
-    projectors = [optimizer.projector_for(param, group) for param in params]
-    states = [optimizer.state[param] for param in params]
-    moved = [optimizer.residual_now(group, projector, state["step"]) != "none"
-             for projector, state in zip(projectors, states, strict=True)]
+    params, projectors, states, moved = (list(column) for column in zip(*members, strict=True))
     for state in states:
         state["step"] += 1
     pending = backend.pending_together(states, group) if group.get("compile_update") and all(moved) else None
@@ -132,8 +137,22 @@ def step_whole(params: list[torch.Tensor], projectors: list, updates: list, stat
     mixing = mixing_arguments(params, projectors, updates, states, group)
     parts, references = whole_compiled(pending.function, pending.args, list(factors), list(dtypes), mixing)
     record_references(states, references)
-    for param, factor, part, mode in zip(params, factors, split_columns(parts, mixing), modes, strict=True):
-        add_product(param, factor, part, mode)
+    for param, factor, part, mode in zip(params, factors, parts.split_with_sizes(mixing.lengths, dim=1), modes,
+                                         strict=True):
+        add_columns_product(param, factor, part, mode)
+
+
+def add_columns_product(target: torch.Tensor, factor: torch.Tensor, part: torch.Tensor, mode: int) -> None:
+    """add_product of a low-rank part given as its columns (`columns`: r rows, as mixed_together returns them). On
+    mode 1 add_product takes the part as Z (m × r) and adds Z Pᵀ, a transpose of the part and one of the factor, a
+    view each that a launch-bound step pays on the host; here the weight's transpose takes P Zᵀ, one view, the same
+    BLAS call and the same bits (tests/optimizers/test_multi_tensor.py)."""
+    if target.dtype != part.dtype or factor.dtype != part.dtype:  # a bfloat16 weight or pool: add_product's casts
+        add_product(target, factor, columns(part, mode), mode)
+    elif mode == 0:
+        target.addmm_(factor, part)  # P Z: (m × r)(r × n)
+    else:
+        target.T.addmm_(factor, part)  # (Z Pᵀ)ᵀ = P Zᵀ: (n × r)(r × m)
 
 
 def given(low_grads: list[torch.Tensor], directions: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -148,6 +167,7 @@ class Mixing(NamedTuple):
     grads: list[torch.Tensor]
     params: list[torch.Tensor]
     modes: list[int]
+    lengths: list[int]  # how many columns each one has (column_counts)
     previous: list[torch.Tensor]  # each one's limiter reference
     units: list[float] | None  # each one's Update.unit (None: all 1)
     owners: torch.Tensor  # each column's weight (residual.column_owners)
@@ -173,7 +193,7 @@ def mixing_arguments(params: list[torch.Tensor], projectors: list, updates: list
     spans = [(edges[run.start], edges[run.stop]) for _, run in pair_runs]
     alphas, betas = zip(*(pair for pair, _ in pair_runs), strict=True)
     units = [update.unit for update in updates]
-    return Mixing(None if all(inv_p is None for inv_p in inv_ps) else inv_ps, grads, params, modes,
+    return Mixing(None if all(inv_p is None for inv_p in inv_ps) else inv_ps, grads, params, modes, lengths,
                   [state["residual_norm"] for state in states], None if all(unit == 1.0 for unit in units) else units,
                   column_owners(tuple(lengths), grads[0].device), group["residual_cap"], spans, list(alphas),
                   list(betas))
@@ -182,13 +202,14 @@ def mixing_arguments(params: list[torch.Tensor], projectors: list, updates: list
 def record_references(states: list[dict], references: list[torch.Tensor]) -> None:
     """Each weight's limiter's reference for its next update."""
     for state, reference in zip(states, references, strict=True):
-        state["residual_norm"] = reference.detach()
+        state["residual_norm"] = reference  # a tensor of its own, made under step()'s no_grad
 
 
 def split_columns(parts: torch.Tensor, mixing: Mixing) -> list[torch.Tensor]:
     """The mixed low-rank parts of every weight's columns side by side (mixed_together's) as each weight's."""
-    lengths = column_counts(mixing.grads, mixing.modes)
-    return [columns(part, mode) for mode, part in zip(mixing.modes, parts.split(lengths, dim=1), strict=True)]
+    # split_with_sizes: Tensor.split's Python wrapper costs a launch-bound step more than the split
+    return [columns(part, mode) for mode, part in zip(mixing.modes, parts.split_with_sizes(mixing.lengths, dim=1),
+                                                      strict=True)]
 
 
 def column_counts(grads: list[torch.Tensor], modes: list[int]) -> list[int]:
@@ -209,8 +230,8 @@ def projected_and_mixed(directions_of, direction_args: tuple, factors: list[torc
 
 def mixed_together(directions_of, direction_args: tuple, low_grads: list[torch.Tensor],
                    inv_ps: list[torch.Tensor | None] | None, grads: list[torch.Tensor], params: list[torch.Tensor],
-                   modes: list[int], previous: list[torch.Tensor], units: list[float] | None, owners: torch.Tensor,
-                   cap: float | None, spans: list[tuple[int, int]], alphas: list[float], betas: list[float]
+                   modes: list[int], lengths: list[int], previous: list[torch.Tensor], units: list[float] | None,
+                   owners: torch.Tensor, cap: float | None, spans: list[tuple[int, int]], alphas: list[float], betas: list[float]
                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The complement's arithmetic, a function of tensors (which compile_update compiles): the directions Z =
     directions_of(low_grads, *direction_args) (a backend's moments, compiled in the same call, or `given`), φ of every weight's
@@ -235,7 +256,7 @@ def mixed_together(directions_of, direction_args: tuple, low_grads: list[torch.T
     beta_phi = [beta * phi[start:stop] for (start, stop), beta in zip(spans, betas, strict=True)]
     pieces = [alpha * z_columns[:, start:stop] - weights * r_columns[:, start:stop]
               for (start, stop), alpha, weights in zip(spans, alphas, beta_phi, strict=True)]
-    weights = (beta_phi[0] if len(beta_phi) == 1 else torch.cat(beta_phi)).split(column_counts(grads, modes))
+    weights = (beta_phi[0] if len(beta_phi) == 1 else torch.cat(beta_phi)).split(lengths)
     torch._foreach_addcmul_(params, grads, [
         w.view(_along_columns(grad.shape, mode)).to(grad.dtype) for w, grad, mode in zip(weights, grads, modes,
                                                                                        strict=True)])

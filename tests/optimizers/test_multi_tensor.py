@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from galore_plumage import PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit, build_optimizer
 from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_PAPER, PLUMAGE_SAMPLED, PlumageSGDM, base, multi_tensor
 from galore_plumage.optimizers.multi_tensor import foreach_on
+from galore_plumage.projectors.base import add_product
 
 SETTINGS = {
     "default": {},  # GaLore's top-r basis with v_floor m2
@@ -222,3 +223,19 @@ def test_foreach_left_unset_is_on_for_weights_on_a_gpu_unless_each_update_is_com
 def test_a_bad_foreach_is_refused_by_name(bad):
     with pytest.raises(ValueError, match="foreach"):
         PlumageAdamW([{"params": Layer().matrices(), "rank": 6, "foreach": bad}], lr=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", [0, 1])
+def test_a_part_given_as_columns_is_added_back_as_add_product_adds_it(mode, dtype):
+    """add_columns_product (the compiled group's add-backs) takes the mixed part in the layout mixed_together returns;
+    on mode 1 it adds to the weight's transpose instead of transposing the part and the factor: the same bits."""
+    generator = torch.Generator().manual_seed(mode)
+    m, n, r = 24, 40, 6
+    factor = torch.randn((m if mode == 0 else n, r), generator=generator)
+    part = torch.randn((r, n if mode == 0 else m), generator=generator)  # r rows: one column a column of `columns`
+    weight = torch.randn((m, n), generator=generator).to(dtype)
+    expected, got = weight.clone(), weight.clone()
+    add_product(expected, factor, multi_tensor.columns(part, mode), mode)
+    multi_tensor.add_columns_product(got, factor, part, mode)
+    assert torch.equal(got, expected) and not torch.equal(got, weight)
