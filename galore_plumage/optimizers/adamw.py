@@ -116,7 +116,9 @@ class AdamWBackend(Backend):
             floor_second_moments(states, _floor_rule(group), beta1, beta2, group["v_floor_horizon"])
         exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         decay = group["lr"] * group["weight_decay"]
-        updates = [Update(None, _step_size(group, state["step"]), decay) for state in states]
+        steps = [state["step"] for state in states]
+        step_sizes = {step: _step_size(group, step) for step in set(steps)}  # one bias correction per step count
+        updates = [Update(None, step_sizes[step], decay) for step in steps]
         return Pending(updates, adam_directions_together, (exp_avgs, exp_avg_sqs, beta1, beta2, group["eps"]))
 
     def realign(self, state, projector, rule):

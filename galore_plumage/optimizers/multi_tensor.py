@@ -114,8 +114,8 @@ def add_back_together(params: list[torch.Tensor], projectors: list, updates: lis
     if any(moved):
         chosen = [k for k, move in enumerate(moved) if move]
         chosen_params, chosen_projectors = [params[k] for k in chosen], [projectors[k] for k in chosen]
-        mixing = mixing_arguments(chosen_params, chosen_projectors, [updates[k] for k in chosen],
-                                  [states[k] for k in chosen], group)
+        mixing = mixing_arguments(chosen_params, chosen_projectors, [p.one_sided_mode for p in chosen_projectors],
+                                  [updates[k] for k in chosen], [states[k] for k in chosen], group)
         mix = mixed_compiled if group.get("compile_update") else mixed_together
         directions = [updates[k].direction for k in chosen]
         parts, references = mix(given, (directions,), [low_grads[k] for k in chosen], *mixing)
@@ -134,7 +134,7 @@ def step_whole(params: list[torch.Tensor], projectors: list, updates: list, stat
     moments and the complement in one compiled call (projected_and_mixed), then each weight's add-back, one addmm."""
     modes, factors, dtypes = zip(*(projector.one_sided_operands(param.grad)
                                    for projector, param in zip(projectors, params, strict=True)), strict=True)
-    mixing = mixing_arguments(params, projectors, updates, states, group)
+    mixing = mixing_arguments(params, projectors, list(modes), updates, states, group)
     parts, references = whole_compiled(pending.function, pending.args, list(factors), list(dtypes), mixing)
     record_references(states, references)
     for param, factor, part, mode in zip(params, factors, parts.split_with_sizes(mixing.lengths, dim=1), modes,
@@ -177,10 +177,9 @@ class Mixing(NamedTuple):
     betas: list[float]
 
 
-def mixing_arguments(params: list[torch.Tensor], projectors: list, updates: list, states: list[dict],
+def mixing_arguments(params: list[torch.Tensor], projectors: list, modes: list[int], updates: list, states: list[dict],
                      group: dict) -> Mixing:
-    """The Mixing of these weights' updates at this step."""
-    modes = [next(iter(projector.factors)) for projector in projectors]
+    """The Mixing of these weights' updates at this step (`modes`: each one's basis's, Projector.one_sided_mode)."""
     inv_ps = [projector.inv_p for projector in projectors]
     grads = [param.grad for param in params]
     # α = −step size · scale, β = −|step size| · residual_scale (base.apply_update): one pair for all weights unless

@@ -579,10 +579,15 @@ class Projector:
     def one_sided_operands(self, grad: torch.Tensor) -> tuple[int, torch.Tensor, torch.dtype]:
         """What project() and add_back_mixed() multiply a matrix `grad` and its low-rank part by, for a caller that
         does both inside one compiled function (multi_tensor.projected_and_mixed): the basis's mode, its factor as
-        stored (on `grad`'s device; in bfloat16 where the pool is) and the dtype projections are computed in."""
-        self._require_ready("one_sided_operands")
-        self._follow_device(grad.device)
-        mode, factor = self._one_sided_factor("one_sided_operands", grad)
+        stored (on `grad`'s device; in bfloat16 where the pool is) and the dtype projections are computed in. Called for
+        every weight of a launch-bound step, so the checks that pass cost one test each."""
+        if not self.ready or len(self.factors) != 1 or grad.dim() != 2:
+            self._require_ready("one_sided_operands")
+            self._one_sided_factor("one_sided_operands", grad)
+        ((mode, factor),) = self.factors.items()
+        if factor.device != grad.device:
+            self._follow_device(grad.device)
+            ((mode, factor),) = self.factors.items()
         return mode, factor, self._dtype
 
     def add_back_mixed(self, target: torch.Tensor, mixed: torch.Tensor) -> None:

@@ -117,3 +117,13 @@ def test_one_sided_operands_of_a_two_sided_basis_are_refused():
     projector.refresh(grad, 0)
     with pytest.raises(ValueError, match="one-sided projection of a matrix; this projector has factors on modes"):
         projector.one_sided_operands(grad)
+
+
+def test_one_sided_operands_before_any_basis_are_refused_and_follow_the_gradient_to_its_device():
+    grad = torch.randn(12, 30, generator=torch.Generator().manual_seed(6))
+    projector = build_projector("svd", 4)
+    with pytest.raises(RuntimeError, match=r"one_sided_operands\(\) before any basis exists"):
+        projector.one_sided_operands(grad)
+    projector.refresh(grad, 0)
+    mode, factor, _ = projector.one_sided_operands(grad.to("meta"))  # a device move between steps (model.to)
+    assert factor.device.type == "meta" and projector.factors[mode] is factor
