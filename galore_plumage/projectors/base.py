@@ -583,7 +583,7 @@ class Projector:
         every weight of a launch-bound step, so the checks that pass cost one test each."""
         if not self.ready or len(self.factors) != 1 or grad.dim() != 2:
             self._require_ready("one_sided_operands")
-            self._one_sided_factor("one_sided_operands", grad)
+            self._require_one_sided("one_sided_operands", grad)
         ((mode, factor),) = self.factors.items()
         if factor.device != grad.device:
             self._follow_device(grad.device)
@@ -595,16 +595,14 @@ class Projector:
         added β·w ⊙ G (multi_tensor.py: on the columns of many weights at once): add_back with an Outside, in two
         parts. One-sided projections of matrices only."""
         self._require_ready("add_back_mixed")  # not _follow_device: `mixed` came from this step's project()
-        self._one_sided_factor("add_back_mixed", target)
+        self._require_one_sided("add_back_mixed", target)
         self._add_product(target, mixed, 1.0)
 
-    def _one_sided_factor(self, what: str, matrix: torch.Tensor) -> tuple[int, torch.Tensor]:
-        """The basis's mode and factor, refused (naming `what`) unless it is one-sided and `matrix` is a matrix."""
+    def _require_one_sided(self, what: str, matrix: torch.Tensor) -> None:
+        """Refuse (naming `what`) a basis that is not one-sided, or a `matrix` that is not a matrix."""
         if len(self.factors) != 1 or matrix.dim() != 2:
             raise ValueError(f"{what} needs a one-sided projection of a matrix; this projector has factors on modes "
                              f"{sorted(self.factors)} of a {matrix.dim()}-D weight")
-        ((mode, factor),) = self.factors.items()
-        return mode, factor
 
     @staticmethod
     def _add_weighted_grad(target: torch.Tensor, grad: torch.Tensor, beta_weights: torch.Tensor) -> None:
