@@ -243,8 +243,11 @@ class Trainer:
         if not torch.isfinite(loss_sum):
             raise FloatingPointError(f"non-finite training loss at update {self.update_step + 1}; lower --lr or enable "
                                      f"--grad_clipping. The last checkpoint is left untouched")
+        clipped = {}
         if config.grad_clipping > 0:  # resolve() refused clipping for per-layer optimizers
-            torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clipping)
+            norm = torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clipping)
+            # the norm before clipping, logged: how often the clip binds. FSDP2's is a DTensor, replicated
+            clipped["grad_norm"] = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
         lr = self.inner.param_groups[-1]["lr"]  # --lr's group: the low-rank one is built last (--regular_lr: the first)
         self.optimizer.step()
         step_scheduler(self.scheduler)
@@ -255,7 +258,7 @@ class Trainer:
         train_loss = loss_total / (config.gradient_accumulation * self.context.world_size)
         rate = self.progress.update(train_loss, lr, config.tokens_per_update)
         self.log.write("train", step=self.update_step, loss=train_loss, lr=lr, tokens=self.tokens_seen,
-                       tokens_per_s=rate)
+                       tokens_per_s=rate, **clipped)
 
     def evaluate(self) -> float:
         """Eval loss on the fixed validation batches, logged with the projectors' statistics."""

@@ -48,7 +48,9 @@ def sharded_weights(checkpoint) -> dict[str, torch.Tensor]:
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp_train")
     dataset = write_corpus(root / "corpus.txt")
-    flags = tiny_run_flags(root, dataset, UPDATES) + ["--optimizer", OPTIMIZER, "--batch_size", "2", "--proj_type", "right"]
+    # a clip above every gradient norm here: the norm is logged (a DTensor under FSDP2) and the runs are unchanged
+    flags = tiny_run_flags(root, dataset, UPDATES) + ["--optimizer", OPTIMIZER, "--batch_size", "2", "--proj_type", "right",
+                                                      "--grad_clipping", "1e3"]
     single = root / "single"
     with pytest.MonkeyPatch.context() as patch:  # in process; also trains the tokenizer the 2-rank jobs then read
         for var in DIST_VARS:
@@ -76,6 +78,8 @@ def test_fsdp_equals_one_process_with_the_same_total_batch(runs):
     fsdp, single = read_metrics(runs["fsdp"]), read_metrics(runs["single"])
     assert "2 process(es) on cpu" in runs["output"]
     assert [r["loss"] for r in fsdp["train"]] == pytest.approx([r["loss"] for r in single["train"]], rel=1e-5)
+    norms = [r["grad_norm"] for r in fsdp["train"]]
+    assert norms == pytest.approx([r["grad_norm"] for r in single["train"]], rel=1e-5) and max(norms) < 1e3
     fingerprints = fsdp["summary"][0]["rank_fingerprints"]
     assert len(fingerprints) == 2 and fingerprints[0] == fingerprints[1]
     assert all(r["refreshes"] == 2 for r in fsdp["projector"])

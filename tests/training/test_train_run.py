@@ -185,6 +185,22 @@ def test_training_lowers_eval_loss(run, tmp_path):
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"] - 0.3, [r["eval_loss"] for r in evals]  # measured: 4.52 -> 3.13
 
 
+def test_clipping_logs_the_gradient_norm_before_it(run, tmp_path):
+    """--grad_clipping logs each update's global gradient norm before clipping (how often the clip binds): the first
+    is the same whatever the clip, a clip far below it changes the run from there on, and without clipping none is
+    logged."""
+    norms = {}
+    for clip in ("0", "1e-3", "1e3"):
+        save_dir = tmp_path / clip
+        assert run(save_dir, "--optimizer", "sgdm", "--batch_size", "2", "--num_training_steps", "3", "--lr", "0.1",
+                   "--grad_clipping", clip) == 0
+        norms[clip] = [record.get("grad_norm") for record in read_metrics(save_dir)["train"]]
+    assert norms["0"] == [None] * 3
+    assert all(1e-3 < norm < 1e3 for norm in norms["1e-3"] + norms["1e3"]), norms  # 1e-3 binds, 1e3 does not
+    assert norms["1e-3"][0] == norms["1e3"][0]
+    assert norms["1e-3"][1] != norms["1e3"][1]
+
+
 # ----------------------------------------------------------------- 4. token accounting
 def test_max_train_tokens_sets_the_number_of_updates(run, tmp_path):
     """--max_train_tokens 1000 with 4 x 32 tokens per update: ceil(1000 / 128) = 8 updates, 1024 tokens, each
