@@ -246,8 +246,8 @@ class Trainer:
         clipped = {}
         if config.grad_clipping > 0:  # resolve() refused clipping for per-layer optimizers
             norm = torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clipping)
-            # the norm before clipping, logged: how often the clip binds. FSDP2's is a DTensor, replicated
-            clipped["grad_norm"] = (norm.full_tensor() if hasattr(norm, "full_tensor") else norm).item()
+            # the norm before clipping, logged: how often the clip binds. FSDP2's is a replicated DTensor
+            clipped["grad_norm"] = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
         lr = self.inner.param_groups[-1]["lr"]  # --lr's group: the low-rank one is built last (--regular_lr: the first)
         self.optimizer.step()
         step_scheduler(self.scheduler)
