@@ -5,6 +5,9 @@ For each optimizer name, on a tiny float64 model with a weight whose rows do not
   * the same model without FSDP trains on the whole batch in this process (the single-process reference);
   * a DCP checkpoint (model + optimizer) taken at SAVE_AT is loaded into a fresh model and optimizer and continued.
 Rank 0 writes what it measured to <out>/results.json; the test makes the assertions.
+
+`fsdp_worker.py <out> resharded:<name>`, launched on another number of processes afterwards, loads <name>'s checkpoint
+(8-bit AdamW: its block scales are per rank) and continues it; rank 0 writes <out>/resharded-<world>.json.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard
 
 from galore_plumage.optimizers import PLUMAGE_SAMPLED, build_optimizer
+from galore_plumage.optimizers.adamw8bit import dense_moments
 from galore_plumage.training.fsdp import load_optimizer, save_optimizer
 
 STEPS, SAVE_AT, GAP, RANK, BATCH = 7, 4, 3, 8, 64
@@ -48,6 +53,10 @@ OPTIONS = {
     "plumage_adamw_residual": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0, **PLUMAGE_SAMPLED,
                                "residual": "norm_matched"},
 }
+
+# the runs whose checkpoint is also resumed on other numbers of processes (resharded:<name>)
+RESHARDED = ("plumage_adamw8bit",)
+SAVED_WORLD = 2  # what test_fsdp_optimizers.py launches the main run on
 
 # the runs whose label is not the optimizer's name: label -> name
 OPTIMIZER_OF = {"plumage_adamw_default": "plumage_adamw", "plumage_adamw8bit_fp32": "plumage_adamw8bit",
@@ -140,8 +149,11 @@ def run_optimizer(name: str, out_dir: str, rank: int, world: int) -> dict:
     checkpoint = f"{out_dir}/{name}-step{SAVE_AT}"
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=f"{checkpoint}/model")
     save_optimizer(model, optimizer, f"{checkpoint}/optimizer")
+    moments = dequantized_moments(model, optimizer)
     train(model, optimizer, range(SAVE_AT, STEPS), (rank, world))
     full = {n: p.full_tensor() for n, p in model.named_parameters()}
+    if name in RESHARDED and rank == 0:  # what the resharded resumes compare with
+        torch.save({"moments": moments, "final": full}, f"{checkpoint}/reference.pt")
 
     reference, ref_optimizer = build(name, wide=False, sharded=False, proj_type="std")
     ref_optimizer.routing_params = dict(reference.named_parameters())
@@ -164,6 +176,39 @@ def run_optimizer(name: str, out_dir: str, rank: int, world: int) -> dict:
              for a, b in zip(model.parameters(), resumed.parameters(), strict=True)]
     result["resume_max_abs_diff"] = max(gather_json(max(diffs), world))
     return result
+
+
+def run_resharded(name: str, out_dir: str, rank: int, world: int) -> dict:
+    """Resume run_optimizer's checkpoint of `name` (written by SAVED_WORLD processes) on `world` processes: the 8-bit
+    moments as loaded against those saved (both dequantized, whole), and the weights after the remaining updates
+    against the saved run's."""
+    checkpoint = f"{out_dir}/{name}-step{SAVE_AT}"
+    reference = torch.load(f"{checkpoint}/reference.pt", weights_only=True)
+    model, optimizer = build(name, wide=False, sharded=True, proj_type="std")
+    set_model_state_dict(model, _loaded_model(model, f"{checkpoint}/model"))
+    load_optimizer(model, optimizer, f"{checkpoint}/optimizer", saved_world=SAVED_WORLD)
+    loaded = dequantized_moments(model, optimizer)
+    moment_diff = {n: [(a - b).abs().max().item() / b.abs().max().item() for a, b in zip(loaded[n], saved, strict=True)]
+                   for n, saved in reference["moments"].items()}
+    train(model, optimizer, range(SAVE_AT, STEPS), (rank, world))
+    full = {n: p.full_tensor() for n, p in model.named_parameters()}
+    return {"moment_diff": moment_diff, "weights_8bit": sorted(loaded),
+            "max_abs_diff": max((full[n] - w).abs().max().item() for n, w in reference["final"].items())}
+
+
+def dequantized_moments(model, optimizer) -> dict[str, list[torch.Tensor]]:
+    """M and V of every weight with 8-bit moments, dequantized and gathered whole (in rows)."""
+    out = {}
+    for name, param in model.named_parameters():
+        state = optimizer.state[param]
+        if "absmax1" not in state:
+            continue
+        _, m, v = dense_moments(state)
+        shape = (param.shape[0], *m.shape[1:])
+        out[name] = [DTensor.from_local(t.contiguous(), param.device_mesh, [Shard(0)], run_check=False, shape=shape,
+                                        stride=torch.empty(shape, device="meta").stride()).full_tensor().cpu()
+                     for t in (m, v)]
+    return out
 
 
 def _loaded_model(model, path: str) -> dict:
@@ -268,16 +313,19 @@ def run_every_name(rank: int, world: int) -> dict:
 
 
 def main() -> None:
-    out_dir, names = sys.argv[1], sys.argv[2].split(",")
+    out_dir, what = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    results = {name: run_optimizer(name, out_dir, rank, world) for name in names}
-    results["wide"] = run_wide(rank, world)
-    results["degenerate"] = run_degenerate(rank, world)
-    results["every_name"] = run_every_name(rank, world)
-    results["world"] = world
+    if what.startswith("resharded:"):
+        results, target = run_resharded(what.removeprefix("resharded:"), out_dir, rank, world), f"resharded-{world}"
+    else:
+        results = {name: run_optimizer(name, out_dir, rank, world) for name in what.split(",")}
+        results["wide"] = run_wide(rank, world)
+        results["degenerate"] = run_degenerate(rank, world)
+        results["every_name"] = run_every_name(rank, world)
+        results["world"], target = world, "results"
     if rank == 0:
-        with open(f"{out_dir}/results.json", "w") as handle:
+        with open(f"{out_dir}/{target}.json", "w") as handle:
             json.dump(results, handle, indent=1)
     dist.barrier()
     gc.collect()  # drop lingering gloo work objects first: see training.distributed.shutdown

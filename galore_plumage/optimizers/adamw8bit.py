@@ -70,6 +70,44 @@ def quantize_into(state: dict, which: int, values: torch.Tensor) -> None:
     state[f"absmax{which}"].copy_(quant_state.absmax)
 
 
+def reblock_codes(codes: torch.Tensor, saved_absmax: torch.Tensor, signed: bool, first_row: int, rows: int,
+                  saved_world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One 8-bit moment of a row-sharded weight (`rows` rows in all) carried into another number of processes.
+
+    `codes` are this rank's rows of it, from `first_row` on, as torch.distributed.checkpoint resharded them (codes are
+    per value, so they move intact); `saved_absmax` is every saved rank's list of block scales, each padded to the same
+    length, concatenated, of the `saved_world` ranks that wrote them (torch.chunk's split: saved rank k held rows
+    [k·s, (k+1)·s), s = ⌈rows / saved_world⌉). Returns
+    this rank's codes and block scales in its own blocks of BLOCKSIZE values: a block that was a saved block whole keeps
+    its codes and scale; any other is dequantized with the scales its values were written under and quantized anew
+    (one more rounding). Requantizing a whole block would not be the identity: the signed map's lowest code is −0.993,
+    so a block whose largest value is negative would come back with a smaller scale."""
+    count = codes.numel()
+    if count == 0:
+        return codes, saved_absmax.new_zeros(0)
+    device, per_row = codes.device, math.prod(codes.shape[1:])
+    saved_rows, saved_length = math.ceil(rows / saved_world), saved_absmax.numel() // saved_world
+    row = torch.arange(first_row, first_row + codes.shape[0], device=device)
+    saved_rank = row // saved_rows
+    within = ((row - saved_rank * saved_rows) * per_row)[:, None] + torch.arange(per_row, device=device)
+    scale_index = (saved_rank[:, None] * saved_length + within // BLOCKSIZE).reshape(-1)
+    code = quantile_map(device, signed)
+    flat = codes.reshape(-1)
+    values = code[flat.long()] * saved_absmax[scale_index]
+    requantized, quant_state = _functional().quantize_blockwise(values, code=code, blocksize=BLOCKSIZE)
+
+    block = torch.arange(count, device=device) // BLOCKSIZE
+    blocks = quant_state.absmax.numel()
+    first = torch.full((blocks,), saved_absmax.numel(), device=device).scatter_reduce(0, block, scale_index, "amin")
+    last = torch.full((blocks,), -1, device=device).scatter_reduce(0, block, scale_index, "amax")
+    # how many values each saved block held: saved rank k wrote its rows·per_row values in blocks of BLOCKSIZE
+    held = (rows - torch.arange(saved_world, device=device) * saved_rows).clamp(0, saved_rows) * per_row
+    saved_size = (held[:, None] - torch.arange(saved_length, device=device) * BLOCKSIZE).clamp(0, BLOCKSIZE).reshape(-1)
+    whole = (first == last) & (torch.bincount(block, minlength=blocks) == saved_size[first])
+    absmax = torch.where(whole, saved_absmax[first], quant_state.absmax)
+    return torch.where(whole[block], flat, requantized.reshape(-1)).view_as(codes), absmax
+
+
 class AdamW8bitBackend(Backend):
     name = "adamw8bit"
     defaults = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2, "min_8bit_size": 4096}
@@ -79,6 +117,14 @@ class AdamW8bitBackend(Backend):
 
     def per_rank_length(self, state, rows):
         return math.ceil(rows * math.prod(state["state1"].shape[1:]) / BLOCKSIZE)
+
+    def reblocked(self, state, first_row, rows, saved_world):
+        out = {}
+        for which in (1, 2):
+            if f"absmax{which}" in state:  # 8-bit (a tensor below min_8bit_size keeps fp32 row keys: nothing to do)
+                out[f"state{which}"], out[f"absmax{which}"] = reblock_codes(
+                    state[f"state{which}"], state[f"absmax{which}"], which == 1, first_row, rows, saved_world)
+        return out
 
     def group_for_numel(self, group, numel):
         """Whether a state is 8-bit is decided on the whole tensor, so every rank keeps the same layout."""

@@ -148,6 +148,12 @@ class Backend:
         """The length of a per_rank_keys tensor for a shard of `rows` rows laid out as `state`."""
         raise NotImplementedError(f"backend {self.name!r} keeps no per-rank state")
 
+    def reblocked(self, state: dict, first_row: int, rows: int, saved_world: int) -> dict:
+        """A sharded checkpoint written by `saved_world` processes, in this rank's layout: `state` holds this rank's rows
+        of the row keys (from first_row on, of `rows` in all) and, for each per-rank key, the lists of every saved rank
+        (torch.chunk's split of the rows), concatenated; returns the row and per-rank keys laid out for this rank."""
+        raise NotImplementedError(f"backend {self.name!r} keeps no per-rank state")
+
     def over_ranks(self, process_group) -> Backend:
         """This backend stepping row shards over `process_group`: itself, unless it reduces over a whole tensor."""
         return self
@@ -485,6 +491,15 @@ class LowRankOptimizer(Optimizer):
         this optimizer's state dict is a complete template for torch.distributed.checkpoint.load; no-op otherwise."""
         if self._sharding is not None:
             self._sharding.prepare_for_load()
+
+    def saved_layout(self, state_dict: dict, saved_world: int) -> dict:
+        """This optimizer's state dict as the template for a sharded checkpoint of `saved_world` processes (only
+        per-rank states, 8-bit's block scales, are laid out by the number of processes; optimizers/sharded.py)."""
+        return self._sharding.saved_layout(state_dict, saved_world) if self._sharding is not None else state_dict
+
+    def reblocked(self, state_dict: dict, saved_world: int) -> dict:
+        """A state dict loaded into saved_layout's template, laid out for this number of processes."""
+        return self._sharding.reblocked(state_dict, saved_world) if self._sharding is not None else state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
         """As torch's, but tensors keep their saved dtype (fp32 bases and moments, uint8 8-bit states):

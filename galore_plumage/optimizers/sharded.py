@@ -21,10 +21,10 @@ The step itself is LowRankOptimizer.step_param, the same code as for a whole wei
 (placement.py) that hands it this rank's rows, sums over ranks, and this refresh. Health checks at a refresh (finite,
 non-zero) are made on the all-reduced sum, so all ranks take the same decision.
 
-Backends declare what sharding needs of them (Backend.row_keys, per_rank_keys, over_ranks, group_for_numel): AdamW and
-SGD-momentum are elementwise; 8-bit AdamW quantizes each rank's rows in its own 256-blocks (the same blocks as one
-process when m_k·r is a multiple of 256); Adafactor's three whole-tensor reductions (RMS, mean over rows, mean of the
-row factor) are summed over ranks.
+Backends declare what sharding needs of them (Backend.row_keys, per_rank_keys, reblocked, over_ranks, group_for_numel):
+AdamW and SGD-momentum are elementwise; 8-bit AdamW quantizes each rank's rows in its own 256-blocks (the same blocks as
+one process when m_k·r is a multiple of 256), re-blocked when another number of processes loads them; Adafactor's
+three whole-tensor reductions (RMS, mean over rows, mean of the row factor) are summed over ranks.
 """
 
 from __future__ import annotations
@@ -147,8 +147,15 @@ class Sharding:
         return {**state_dict, "state": states}
 
     def _wrap(self, state: dict, param: DTensor) -> dict:
+        wrapped = {**state, **self._wrap_tensors(state, param)}
+        if "projector" in state:
+            wrapped["projector"] = {**state["projector"], "stats": json.dumps(state["projector"]["stats"])}
+        return wrapped
+
+    def _wrap_tensors(self, state: dict, param: DTensor) -> dict:
+        """This rank's row and per-rank tensors of `state` as DTensors."""
         mesh, rows = param.device_mesh, param.shape[0]
-        wrapped = dict(state)
+        wrapped = {}
         backend = self.optimizer.backend
         for key in backend.row_keys:
             value = state.get(key)
@@ -163,8 +170,6 @@ class Sharding:
                 padded[: state[key].numel()] = state[key]
                 wrapped[key] = DTensor.from_local(padded, mesh, [Shard(0)], run_check=False,
                                                   shape=(length * mesh.size(),), stride=(1,))
-        if "projector" in state:
-            wrapped["projector"] = {**state["projector"], "stats": json.dumps(state["projector"]["stats"])}
         return wrapped
 
     def _unwrap(self, state: dict, param: DTensor) -> dict:
@@ -181,6 +186,38 @@ class Sharding:
         if isinstance(local.get("projector", {}).get("stats"), str):
             local["projector"] = {**local["projector"], "stats": json.loads(local["projector"]["stats"])}
         return local
+
+    # ----------------------------------------------------------------- a checkpoint of another number of processes
+    # Row keys reshard by themselves (DCP reads each rank's rows of their global shape); per-rank keys (8-bit's block
+    # scales) were written in the saved ranks' blocks, which other row boundaries split otherwise.
+    def saved_layout(self, state_dict: dict, saved_world: int) -> dict:
+        """The load template (this optimizer's wrapped state dict) for a checkpoint written by `saved_world` processes:
+        each per-rank key as a plain tensor of every saved rank's list, which each rank then reads whole (one float per
+        256 values of the state)."""
+        backend = self.optimizer.backend
+
+        def as_saved(state: dict, param: DTensor) -> dict:
+            if param.device_mesh.size() == saved_world:
+                return state
+            length = math.ceil(param.shape[0] / saved_world)
+            return {**state, **{key: torch.zeros(backend.per_rank_length(state, length) * saved_world,
+                                                 dtype=state[key].dtype, device=state[key].device)
+                                for key in backend.per_rank_keys if key in state}}
+        return self._map_states(state_dict, as_saved)
+
+    def reblocked(self, state_dict: dict, saved_world: int) -> dict:
+        """A state dict loaded into saved_layout's template, with its per-rank keys in this rank's blocks."""
+        backend = self.optimizer.backend
+
+        def to_this_world(state: dict, param: DTensor) -> dict:
+            mesh = param.device_mesh
+            if mesh.size() == saved_world or not any(key in state for key in backend.per_rank_keys):
+                return state
+            local = {key: value.to_local() if isinstance(value, DTensor) else value for key, value in state.items()}
+            first_row = mesh.get_local_rank() * math.ceil(param.shape[0] / mesh.size())  # torch.chunk's split
+            local.update(backend.reblocked(local, first_row, param.shape[0], saved_world))
+            return {**state, **self._wrap_tensors(local, param)}
+        return self._map_states(state_dict, to_this_world)
 
     @torch.no_grad()
     def prepare_for_load(self) -> None:

@@ -41,10 +41,19 @@ def shard_model(model: nn.Module) -> nn.Module:
     return model
 
 
-def _prepare(optimizer) -> None:
-    """DCP loads into a template (get_optimizer_state_dict of this optimizer): every key must exist, with its shape."""
+def _template(model: nn.Module, optimizer, saved_world: int | None) -> dict:
+    """DCP loads into a template (get_optimizer_state_dict of this optimizer): every key must exist, with its shape, as
+    the `saved_world` processes that wrote the checkpoint laid it out (None: as this run's)."""
+    if not isinstance(optimizer, LowRankOptimizer):  # torch's own: plain DTensor states, resharded by DCP
+        return get_optimizer_state_dict(model, optimizer)
+    optimizer.prepare_for_load()
+    return optimizer.saved_layout(get_optimizer_state_dict(model, optimizer), saved_world or dist.get_world_size())
+
+
+def _set(model: nn.Module, optimizer, loaded: dict, saved_world: int | None) -> None:
     if isinstance(optimizer, LowRankOptimizer):
-        optimizer.prepare_for_load()
+        loaded = optimizer.reblocked(loaded, saved_world or dist.get_world_size())
+    set_optimizer_state_dict(model, optimizer, loaded)
 
 
 def save_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
@@ -52,23 +61,14 @@ def save_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
     dcp.save({"optimizer": get_optimizer_state_dict(model, inner_optimizer(optimizer))}, checkpoint_id=str(path))
 
 
-def load_optimizer(model: nn.Module, optimizer, path: str | Path) -> None:
-    """Read a checkpoint written by save_optimizer into `optimizer` (a fresh one is fine), at the same world size."""
+def load_optimizer(model: nn.Module, optimizer, path: str | Path, saved_world: int | None = None) -> None:
+    """Read a checkpoint written by save_optimizer into `optimizer` (a fresh one is fine), written by `saved_world`
+    processes (None: this run's number). DCP reads every DTensor by its global rows, so the row-sharded moments load
+    into any number of processes; 8-bit states, whose block scales are per rank, are re-blocked (Sharding.reblocked)."""
     inner = inner_optimizer(optimizer)
-    _prepare(inner)
-    state = {"optimizer": get_optimizer_state_dict(model, inner)}
+    state = {"optimizer": _template(model, inner, saved_world)}
     dcp.load(state, checkpoint_id=str(path))
-    set_optimizer_state_dict(model, inner, state["optimizer"])
-
-
-def check_reshardable(optimizer, saved_world: int, world: int, folder: Path) -> None:
-    """A backend with per-rank state (8-bit AdamW: the absmax of 256-blocks of each rank's own rows) resumes only on
-    the number of processes that wrote it: other row boundaries would need other blocks."""
-    keys = optimizer.backend.per_rank_keys if isinstance(optimizer, LowRankOptimizer) else ()
-    if saved_world != world and keys:
-        raise CheckpointError(f"{folder}: written by {saved_world} processes, resumed on {world}: "
-                              f"{optimizer.backend.name}'s {', '.join(keys)} hold blocks of each process's own rows, "
-                              f"which {world} processes split otherwise; resume it with --nproc_per_node {saved_world}")
+    _set(model, inner, state["optimizer"], saved_world)
 
 
 def save_model(model: nn.Module, path: str | Path) -> None:
@@ -126,20 +126,16 @@ def save_sharded_checkpoint(save_dir: str | Path, step: int, model: nn.Module, o
 
 def load_sharded_checkpoint(folder: Path, model: nn.Module, optimizer, saved_world: int | None = None) -> dict:
     """Load model and optimizer shards written by save_sharded_checkpoint, by `saved_world` processes (None: unknown,
-    taken as this run's); returns the trainer state. DCP reads every DTensor by its global rows, so the weights and
-    the row-sharded moments load into any number of processes; 8-bit states do not (check_reshardable)."""
+    taken as this run's); returns the trainer state. Another number of processes is fine (see load_optimizer)."""
     if not (folder / DCP_FOLDER).is_dir():
         raise FileNotFoundError(f"--continue_from {str(folder)!r} holds no '{DCP_FOLDER}' folder: it was not written "
                                 "with --fsdp; resume it without --fsdp")
     inner = inner_optimizer(optimizer)
-    world = dist.get_world_size()
-    check_reshardable(inner, saved_world or world, world, folder)
-    _prepare(inner)
-    state = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, inner)}
+    state = {"model": get_model_state_dict(model), "optimizer": _template(model, inner, saved_world)}
     try:
         dcp.load(state, checkpoint_id=str(folder / DCP_FOLDER))
     except Exception as error:  # noqa: BLE001 - DCP wraps each rank's failure in its own exception types
         raise CheckpointError(f"{folder / DCP_FOLDER}: unreadable ({type(error).__name__}: {error})") from None
     set_model_state_dict(model, state["model"])
-    set_optimizer_state_dict(model, inner, state["optimizer"])
+    _set(model, inner, state["optimizer"], saved_world)
     return read_trainer_state(folder)
