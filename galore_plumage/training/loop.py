@@ -283,7 +283,8 @@ class Trainer:
                                              main)
         elif main:
             folder = save_checkpoint(config.save_dir, step, self.model,
-                                     {"optimizer": self.optimizer.state_dict(), **trainer_state}, summary)
+                                     {"optimizer": self.optimizer.state_dict(), **trainer_state}, summary,
+                                     self.batches.tokenizer)
         if main:
             self.progress.write(f"saved {folder}")
             remove_stale_temps(Path(config.save_dir))

@@ -11,24 +11,25 @@ from transformers import LlamaConfig, LlamaForCausalLM
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")
 
 
-def load_model_config(path: str | Path, vocab_size: int, eos_token_id: int) -> LlamaConfig:
-    """Read and check a Llama config; `vocab_size` and the EOS id come from the tokenizer."""
+def load_model_config(path: str | Path, vocab_size: int, eos_token_id: int, flag: str = "--model_config") -> LlamaConfig:
+    """Read and check a Llama config (given by `flag`, named in errors); `vocab_size` and the EOS id come from the
+    tokenizer."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"--model_config {str(path)!r}: no such file; choose one of configs/llama_*.json")
+        raise FileNotFoundError(f"{flag} {str(path)!r}: no such file; choose one of configs/llama_*.json")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as error:
-        raise ValueError(f"--model_config {str(path)!r} is not valid JSON: {error}") from None
+        raise ValueError(f"{flag} {str(path)!r} is not valid JSON: {error}") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"--model_config {str(path)!r} must hold a JSON object, got {type(raw).__name__}")
+        raise ValueError(f"{flag} {str(path)!r} must hold a JSON object, got {type(raw).__name__}")
     if raw.get("model_type", "llama") != "llama":
-        raise ValueError(f"--model_config {str(path)!r} has model_type {raw['model_type']!r}; only 'llama' is supported")
+        raise ValueError(f"{flag} {str(path)!r} has model_type {raw['model_type']!r}; only 'llama' is supported")
     missing = [key for key in REQUIRED if key not in raw]
     if missing:
-        raise ValueError(f"--model_config {str(path)!r} lacks {', '.join(missing)}")
+        raise ValueError(f"{flag} {str(path)!r} lacks {', '.join(missing)}")
     if raw["hidden_size"] % raw["num_attention_heads"]:
-        raise ValueError(f"--model_config {str(path)!r}: hidden_size {raw['hidden_size']} is not a multiple of "
+        raise ValueError(f"{flag} {str(path)!r}: hidden_size {raw['hidden_size']} is not a multiple of "
                          f"num_attention_heads {raw['num_attention_heads']}")
     raw = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version")}
     raw.update(vocab_size=vocab_size, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None, use_cache=False)
