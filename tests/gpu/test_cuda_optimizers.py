@@ -219,3 +219,30 @@ def test_the_compiled_group_of_8bit_and_adafactor_on_cuda_matches_foreach_eager(
     compiled = _four_weights_update(name, {"foreach": True, "compile_update": True, **extra}, hyper)
     eager = _four_weights_update(name, {"foreach": True, "compile_update": False, **extra}, hyper)
     assert relative_difference(compiled, eager) < tolerance
+
+
+def test_8bit_moments_reblock_on_cuda():
+    """adamw8bit.reblock_codes on CUDA (an FSDP2 8-bit checkpoint resumed on another number of processes): blocks that
+    line up keep their bytes; a split block is requantized within one code step (tests/optimizers/test_eightbit_reblock.py
+    checks it code by code on the CPU)."""
+    _reblock_checks("cuda")
+
+
+def _reblock_checks(device: str) -> None:
+    import bitsandbytes.functional as functional
+
+    from galore_plumage.optimizers.adamw8bit import BLOCKSIZE, quantile_map, reblock_codes
+
+    values = torch.randn(64, 8, generator=torch.Generator().manual_seed(0)).to(device)
+    code = quantile_map(values.device, signed=True)
+    halves = [functional.quantize_blockwise(values[k * 32:(k + 1) * 32].reshape(-1), code=code, blocksize=BLOCKSIZE)
+              for k in range(2)]  # what 2 ranks write: one 256-block each
+    codes = torch.cat([q.view(32, 8) for q, _ in halves])
+    absmax = torch.cat([state.absmax for _, state in halves])
+    whole_codes, whole_absmax = reblock_codes(codes, absmax, True, 0, 64, 2)  # 1 process: the same two blocks
+    assert torch.equal(whole_codes, codes) and torch.equal(whole_absmax, absmax)
+    old = torch.cat([code[q.long()] * state.absmax for q, state in halves])
+    for rank, first in enumerate((0, 22, 44)):  # 3 processes: 22 + 22 + 20 rows, blocks straddling the saved ones
+        mine, scales = reblock_codes(codes[first:first + 22], absmax, True, first, 64, 2)
+        new = code[mine.reshape(-1).long()] * scales.repeat_interleave(BLOCKSIZE)[:mine.numel()]
+        assert (new - old[first * 8:first * 8 + mine.numel()]).abs().max() <= 0.02 * scales.max(), rank
