@@ -99,6 +99,11 @@ class FinetuneConfig:
     lora_dropout: float = flag(0.0, "dropout on LoRA's input")
     # --- output
     output_dir: str = flag(None, "metrics.jsonl goes here; default runs/glue-<task>-<method>")
+    with_tracking: bool = flag(False, "also send the metrics to the experiment tracker of --report_to (GaLore's flag)")
+    report_to: str = flag("all", "the tracker of --with_tracking: 'wandb' ('all': every tracker supported, which is "
+                                 "wandb; needs the wandb package, WANDB_MODE=offline keeps the run on disk)",
+                          choices=("all", "wandb"))
+    wandb_project: str = flag("galore_plumage", "the wandb project of --with_tracking")
     checkpointing_steps: str = flag(None, "save a checkpoint every N updates, or 'epoch' after each epoch (at the first "
                                           "update boundary after it), under <output_dir>/checkpoints/model_<update>")
     resume_from_checkpoint: str = flag(None, "continue a run exactly from a checkpoint folder (model_<update>) or from a "

@@ -25,6 +25,7 @@ from ..optimizers.memory import state_bytes
 from ..training.loop import seed_everything
 from ..training.metrics import METRICS_FILE, MetricsLog, Progress, projector_records
 from ..training.schedule import step_scheduler
+from ..training.trackers import open_tracker
 from .config import FinetuneConfig
 from .model import apply_lora, llama_classifier, load_classifier, load_pretrained, target_modules
 from .resume import Position, checkpoint_every, restore, save
@@ -107,7 +108,18 @@ def run(config: FinetuneConfig):
     if config.resume_from_checkpoint is not None:
         resumed, position = restore(config, parts.model, parts.optimizer, parts.scheduler)
 
-    log = MetricsLog(output_dir, enabled=True)
+    tracker = open_tracker("wandb", config.wandb_project, Path(output_dir).name, None, asdict(config)) \
+        if config.with_tracking else None
+    log = MetricsLog(output_dir, enabled=True, tracker=tracker)
+    try:
+        return _train_and_report(config, task, parts, position, resumed, log, start)
+    finally:
+        log.close()
+
+
+def _train_and_report(config: FinetuneConfig, task, parts: Parts, position: Position, resumed, log: MetricsLog,
+                      start: float):
+    """run's epochs, then its projector records and summary: (the trained model, the summary)."""
     trainable = sum(p.numel() for p in parts.model.parameters() if p.requires_grad)
     if resumed is None:
         log.write("config", **asdict(config), trainable_parameters=trainable, train_examples=len(task.train.labels),

@@ -32,7 +32,7 @@ from ..training.run_folder import keep_records
 CHECKPOINTS = "checkpoints"  # under --output_dir
 # flags a resumed run may change: where it writes, how often it saves, what it shows, how it validates
 RESUME_MAY_CHANGE = frozenset({"output_dir", "resume_from_checkpoint", "checkpointing_steps", "progress", "data_dir",
-                               "per_device_eval_batch_size"})
+                               "per_device_eval_batch_size", "with_tracking", "report_to", "wandb_project"})
 RUN_END = ("final", "projector")  # metrics.jsonl records written once a run ends
 
 

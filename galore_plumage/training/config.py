@@ -42,6 +42,7 @@ from ..optimizers.options import BY_KEY
 from ..projectors import list_projectors
 from ..projectors.base import PROJ_TYPES
 from .run_folder import check_save_dir
+from .trackers import REPORT_TO
 
 SCHEDULERS = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16")
@@ -56,7 +57,7 @@ FILE_SUFFIXES = (*LOCAL_FORMATS, ".json", ".csv", ".tsv", ".parquet", ".arrow", 
 # settings; every other flag must match the checkpoint's, or the resumed run would silently be a different one
 RESUME_MAY_CHANGE = frozenset({"save_dir", "continue_from", "overwrite", "stop_at", "eval_every", "save_every",
                                "eval_tokens", "name", "tags", "progress", "workers", "data_dir", "single_gpu",
-                               "use_hf_model", "activation_checkpointing"})
+                               "use_hf_model", "activation_checkpointing", "report_to", "wandb_project"})
 # how one update's --total_batch_size sequences are split over processes and micro-batches: a resume may change it while
 # the total stays (fewer or more GPUs); the data position is counted in sequences (data.ShuffledBatches.load_state_dict)
 BATCH_LAYOUT = frozenset({"world_size", "batch_size", "gradient_accumulation"})
@@ -165,9 +166,12 @@ class TrainConfig:
     single_gpu: bool = flag(False, "one process without DistributedDataParallel")
     fsdp: bool = flag(False, "shard the model over the processes with FSDP2 (fully_shard on each decoder layer and the "
                               "model) instead of DDP; optimizer state is sharded too, checkpoints are written with "
-                              "torch.distributed.checkpoint (resume at the same number of processes)")
-    name: str = flag("test", "run name, recorded in the metrics")
-    tags: str = flag(None, "comma-separated tags, recorded in the metrics")
+                              "torch.distributed.checkpoint (resumable on another number of processes too)")
+    name: str = flag("test", "run name, recorded in the metrics (and the tracker's run name)")
+    tags: str = flag(None, "comma-separated tags, recorded in the metrics (and given to the tracker)")
+    report_to: str = flag("none", "also send the metrics to an experiment tracker: 'wandb', as GaLore's script does "
+                                  "(needs the wandb package; WANDB_MODE=offline keeps the run on disk)", choices=REPORT_TO)
+    wandb_project: str = flag("galore_plumage", "the wandb project of --report_to wandb")
     proj_quant: bool = flag(False, "accepted for GaLore compatibility; quantized projections are not implemented "
                                     "and setting it is an error")
     progress: bool = flag(True, "show a progress bar (--no-progress to hide)", action=argparse.BooleanOptionalAction)

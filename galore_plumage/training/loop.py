@@ -39,6 +39,7 @@ from .metrics import MetricsLog, Progress, perplexity, projector_records
 from .model import build_model, load_model_config
 from .run_folder import clear_run, remove_stale_temps, truncate_metrics
 from .schedule import build_scheduler, step_scheduler
+from .trackers import open_tracker
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -155,7 +156,9 @@ class Trainer:
         seed_everything(config.seed)
         self.config, self.context, self.main = config, context, context.is_main
         resume_folder, saved = find_resume(config, context)
-        self.log = MetricsLog(config.save_dir, enabled=self.main)
+        tracker = open_tracker(config.report_to, config.wandb_project, config.name, config.tags, asdict(config)) \
+            if self.main else None
+        self.log = MetricsLog(config.save_dir, enabled=self.main, tracker=tracker)
         self.batches = load_data(config, context)
         tokenizer = self.batches.tokenizer
         model_config = load_model_config(config.model_config, len(tokenizer), tokenizer.eos_token_id)
@@ -333,7 +336,11 @@ class Trainer:
 
 def train(config: TrainConfig, context: Dist) -> dict:
     """Run the whole job; returns the final summary (also the last line of metrics.jsonl)."""
-    return Trainer(config, context).run()
+    trainer = Trainer(config, context)
+    try:
+        return trainer.run()
+    finally:
+        trainer.log.close()  # the tracker's run ends with the job, stopped or failed too
 
 
 @torch.no_grad()

@@ -15,11 +15,13 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsLog:
-    """Appends records to `<save_dir>/metrics.jsonl` on rank 0 (a resumed run continues the same file)."""
+    """Appends records to `<save_dir>/metrics.jsonl` on rank 0 (a resumed run continues the same file), and hands
+    each to an experiment tracker when one is given (trackers.py)."""
 
-    def __init__(self, save_dir: str | Path, enabled: bool):
+    def __init__(self, save_dir: str | Path, enabled: bool, tracker=None):
         self.path = Path(save_dir) / METRICS_FILE
         self.enabled = enabled
+        self.tracker = tracker if enabled else None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -27,6 +29,13 @@ class MetricsLog:
         if self.enabled:
             with open(self.path, "a") as handle:
                 handle.write(json.dumps({"type": kind, **record}) + "\n")
+        if self.tracker is not None:
+            self.tracker.log(kind, record)
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.finish()
+            self.tracker = None
 
 
 def perplexity(loss: float) -> float:
