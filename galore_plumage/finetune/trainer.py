@@ -1,9 +1,9 @@
 """Our optimizers inside `transformers.Trainer`: `Trainer(..., optimizers=optimizer_for_trainer(model, args, name))`.
 
 `optimizer_for_trainer` reads what Trainer users already set in `TrainingArguments`: `optim_target_modules`
-(HF's patterns: a list of substrings or regexes, a single regex, or "all-linear"), `learning_rate`,
-`weight_decay`, Adam's betas and eps, `gradient_accumulation_steps` and `max_grad_norm`, and returns
-`(optimizer, scheduler)`:
+(HF's patterns: a list of substrings or regexes, a single regex, or "all-linear"), `optim_args` (HF's GaLore keys:
+"rank=64, update_proj_gap=100, scale=0.25, proj_type=std"), `learning_rate`, `weight_decay`, Adam's betas and eps,
+`gradient_accumulation_steps` and `max_grad_norm`, and returns `(optimizer, scheduler)`:
 
     args = TrainingArguments("out", optim_target_modules=["attention", "intermediate", "output.dense"],
                              learning_rate=1e-4, max_steps=1000, save_steps=100)
@@ -56,11 +56,41 @@ def resolve_target_modules(model: nn.Module, patterns) -> list[str]:
     return names
 
 
-def optimizer_for_trainer(model: nn.Module, args, name: str = "plumage_adamw", rank: int = 8,
-                          update_proj_gap: int = 200, num_training_steps: int | None = None, **options):
+# HF Trainer's GaLore reads these keys of TrainingArguments.optim_args, as these types
+OPTIM_ARGS = {"rank": int, "update_proj_gap": int, "scale": float, "proj_type": str}
+DEFAULTS = {"rank": 8, "update_proj_gap": 200}  # where neither the call nor optim_args sets them
+
+
+def low_rank_settings(optim_args: str | None, given: dict) -> dict:
+    """rank, update_proj_gap, scale and proj_type from HF's `optim_args` string ("rank=64, scale=0.25"), under the
+    values `given` to optimizer_for_trainer (None: not given); a key given both ways must agree."""
+    settings = {key: value for key, value in given.items() if value is not None}
+    for item in filter(None, (optim_args or "").replace(" ", "").split(",")):
+        key, sep, text = item.partition("=")
+        if not sep or key not in OPTIM_ARGS:
+            raise ValueError(f"TrainingArguments(optim_args={optim_args!r}): {item!r} is not one of "
+                             f"{', '.join(f'{k}=...' for k in OPTIM_ARGS)} (HF's GaLore keys)")
+        try:
+            value = OPTIM_ARGS[key](text)
+        except ValueError:
+            raise ValueError(f"TrainingArguments(optim_args={optim_args!r}): {key} must be {OPTIM_ARGS[key].__name__}, "
+                             f"got {text!r}") from None
+        if key in given and given[key] is not None and given[key] != value:
+            raise ValueError(f"{key}={given[key]!r} passed to optimizer_for_trainer, {key}={value!r} in "
+                             f"TrainingArguments(optim_args=...): give it once")
+        settings[key] = value
+    return {**DEFAULTS, **settings}
+
+
+def optimizer_for_trainer(model: nn.Module, args, name: str = "plumage_adamw", rank: int | None = None,
+                          update_proj_gap: int | None = None, num_training_steps: int | None = None, **options):
     """(optimizer, scheduler or None) for `Trainer(optimizers=...)`; `options` go to build_optimizer
-    (scale, proj_type, projector, realign, seed, ...)."""
+    (scale, proj_type, projector, realign, seed, ...). rank, update_proj_gap, scale and proj_type come from the call or
+    from `args.optim_args` (defaults: rank 8, update_proj_gap 200, the optimizer's own scale and proj_type)."""
     spec = optimizer_spec(name)
+    given = {"rank": rank, "update_proj_gap": update_proj_gap, "scale": options.pop("scale", None),
+             "proj_type": options.pop("proj_type", None)}
+    settings = low_rank_settings(getattr(args, "optim_args", None) if spec.projector is not None else None, given)
     patterns = getattr(args, "optim_target_modules", None)
     targets: list[str] = []
     if spec.projector is not None:
@@ -79,8 +109,8 @@ def optimizer_for_trainer(model: nn.Module, args, name: str = "plumage_adamw", r
             LayerwiseOptimizer.refuse_clipping(args.max_grad_norm)
         except ValueError as error:
             raise ValueError(f"TrainingArguments(max_grad_norm={args.max_grad_norm}) with {name}: {error}") from None
-    optimizer = build_optimizer(name, model, rank=rank, target_modules=tuple(targets) or ("attn", "mlp"),
-                                update_proj_gap=update_proj_gap, **kwargs, **options)
+    optimizer = build_optimizer(name, model, target_modules=tuple(targets) or ("attn", "mlp"), **settings, **kwargs,
+                                **options)
     chosen = {r.name.removesuffix(".weight") for r in optimizer.routing if r.low_rank}
     if spec.projector is not None and chosen != set(targets):  # substring routing must not pick up extra modules
         raise RuntimeError(f"routing picked {sorted(chosen ^ set(targets))} differently from optim_target_modules")

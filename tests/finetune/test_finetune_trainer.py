@@ -73,6 +73,25 @@ def test_low_rank_group_holds_exactly_the_targets(bert_dir, tmp_path):
     assert low["rank"] == 4 and low["lr"] == 1e-3 and regular["betas"] == (0.9, 0.999)
 
 
+def test_hf_optim_args_set_the_low_rank_group(bert_dir, tmp_path):
+    """HF Trainer's GaLore keys in TrainingArguments.optim_args reach the low-rank group; a key also passed to
+    optimizer_for_trainer must agree, and anything else in optim_args is refused by name."""
+    model = _model(bert_dir)
+    args = _args(tmp_path, optim_args="rank=4, update_proj_gap=3, scale=0.5, proj_type=right")
+    optimizer, _ = optimizer_for_trainer(model, args, "galore_adamw")
+    low = optimizer.param_groups[1]
+    assert (low["rank"], low["update_proj_gap"], low["scale"], low["proj_type"]) == (4, 3, 0.5, "right")
+    optimizer, _ = optimizer_for_trainer(model, args, "galore_adamw", rank=4)  # the same value twice: fine
+    with pytest.raises(ValueError, match="rank=16 passed to optimizer_for_trainer, rank=4 in TrainingArguments"):
+        optimizer_for_trainer(model, args, "galore_adamw", rank=16)
+    with pytest.raises(ValueError, match="'alpha=2' is not one of rank=..., update_proj_gap=..."):
+        optimizer_for_trainer(model, _args(tmp_path, optim_args="rank=4, alpha=2"), "galore_adamw")
+    with pytest.raises(ValueError, match="rank must be int, got '4.5'"):
+        optimizer_for_trainer(model, _args(tmp_path, optim_args="rank=4.5"), "galore_adamw")
+    low = optimizer_for_trainer(model, _args(tmp_path), "galore_adamw")[0].param_groups[1]
+    assert (low["rank"], low["update_proj_gap"], low["scale"]) == (8, 200, 0.25)  # neither given: our defaults
+
+
 def test_refusals_name_the_setting(bert_dir, tmp_path):
     model = _model(bert_dir)
     with pytest.raises(ValueError, match="optim_target_modules"):
