@@ -82,11 +82,19 @@ def low_rank_settings(optim_args: str | None, given: dict) -> dict:
     return {**DEFAULTS, **settings}
 
 
+def registry_name(name: str) -> str:
+    """Our name for HF Trainer's spelling of an optimizer (its `optim`: galore_adamw_8bit, galore_adamw_layerwise,
+    galore_adafactor_layerwise, ...); other names unchanged."""
+    return name.replace("_8bit", "8bit").replace("_layerwise", "_per_layer")
+
+
 def optimizer_for_trainer(model: nn.Module, args, name: str = "plumage_adamw", rank: int | None = None,
                           update_proj_gap: int | None = None, num_training_steps: int | None = None, **options):
     """(optimizer, scheduler or None) for `Trainer(optimizers=...)`; `options` go to build_optimizer
     (scale, proj_type, projector, realign, seed, ...). rank, update_proj_gap, scale and proj_type come from the call or
-    from `args.optim_args` (defaults: rank 8, update_proj_gap 200, the optimizer's own scale and proj_type)."""
+    from `args.optim_args` (defaults: rank 8, update_proj_gap 200, the optimizer's own scale and proj_type). `name` may
+    be spelled as HF's `optim` is (galore_adamw_8bit_layerwise: our galore_adamw8bit_per_layer)."""
+    name = registry_name(name)
     spec = optimizer_spec(name)
     given = {"rank": rank, "update_proj_gap": update_proj_gap, "scale": options.pop("scale", None),
              "proj_type": options.pop("proj_type", None)}

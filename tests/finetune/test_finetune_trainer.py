@@ -10,6 +10,8 @@ from finetune_helpers import save_tiny_bert
 from torch import nn
 
 from galore_plumage.finetune import optimizer_for_trainer, resolve_target_modules
+from galore_plumage.finetune.trainer import registry_name
+from galore_plumage.optimizers import list_optimizers
 
 transformers = pytest.importorskip("transformers")
 
@@ -90,6 +92,21 @@ def test_hf_optim_args_set_the_low_rank_group(bert_dir, tmp_path):
         optimizer_for_trainer(model, _args(tmp_path, optim_args="rank=4.5"), "galore_adamw")
     low = optimizer_for_trainer(model, _args(tmp_path), "galore_adamw")[0].param_groups[1]
     assert (low["rank"], low["update_proj_gap"], low["scale"]) == (8, 200, 0.25)  # neither given: our defaults
+
+
+@pytest.mark.parametrize("hf, ours", [("galore_adamw_8bit", "galore_adamw8bit"),
+                                      ("galore_adamw_layerwise", "galore_adamw_per_layer"),
+                                      ("galore_adamw_8bit_layerwise", "galore_adamw8bit_per_layer"),
+                                      ("galore_adafactor_layerwise", "galore_adafactor_per_layer"),
+                                      ("plumage_adamw", "plumage_adamw")])
+def test_hf_optimizer_names_are_ours(hf, ours):
+    """The `optim` names of HF Trainer's GaLore (args.optim) are accepted as they are spelled there."""
+    assert registry_name(hf) == ours and ours in list_optimizers()
+
+
+def test_an_hf_name_builds_our_optimizer(bert_dir, tmp_path):
+    optimizer, _ = optimizer_for_trainer(_model(bert_dir), _args(tmp_path), "galore_adamw_8bit", rank=4)
+    assert type(optimizer).__name__ == "GaLoreAdamW8bit"
 
 
 def test_refusals_name_the_setting(bert_dir, tmp_path):
