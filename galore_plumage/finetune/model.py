@@ -48,9 +48,7 @@ def load_classifier(name_or_path: str | None, num_labels: int, label_names=None)
     if Path(source).is_dir() and not (Path(source) / "config.json").is_file():
         raise FileNotFoundError(f"could not load a model from {source!r}: the folder holds no config.json. Pass a folder "
                                 "written by save_pretrained (config.json, weights, tokenizer files)")
-    label_options = {}
-    if label_names:  # None or () for a regression task (num_labels 1: transformers then takes the mean squared error)
-        label_options = {"id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
+    label_options = label_maps(label_names)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "newly initialized: classifier.*" report is expected for a fresh head
     try:
@@ -81,10 +79,18 @@ def llama_classifier(config_path: str, num_labels: int, label_names, tokenizer_n
     config = load_model_config(path / "config.json" if path.is_dir() else path, len(tokenizer), tokenizer.eos_token_id,
                                flag="--model_name_or_path")
     config.num_labels = num_labels
-    if label_names:
-        config.id2label, config.label2id = dict(enumerate(label_names)), {n: i for i, n in enumerate(label_names)}
+    for key, value in label_maps(label_names).items():
+        setattr(config, key, value)
     model = LlamaForSequenceClassification(config)
     return model, padded_with_eos(model, tokenizer)
+
+
+def label_maps(label_names) -> dict:
+    """The config's id2label and label2id for named classes; none for a regression task (num_labels 1: transformers
+    then takes the mean squared error) or unnamed labels."""
+    if not label_names:
+        return {}
+    return {"id2label": dict(enumerate(label_names)), "label2id": {n: i for i, n in enumerate(label_names)}}
 
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # save_pretrained's, and GaLore's torch.save
