@@ -104,6 +104,10 @@ class TrainConfig:
     # --- data
     dataset: str = flag(BUNDLED, f"'{BUNDLED}' (the bundled public-domain corpus), 'allenai/c4' (streamed as GaLore "
                                   "does), or a local .txt (documents separated by blank lines) / .jsonl ('text' field)")
+    streaming: bool = flag(False, "read a local .txt/.jsonl as a stream, a line at a time, instead of tokenizing it "
+                                   "into memory first (for a corpus larger than memory): shuffled through a buffer, "
+                                   "read again at its end, the offline BPE trained on its first 20 MB; a hub dataset is "
+                                   "always streamed")
     tokenizer: str = flag(DEFAULT_TOKENIZER, f"'{DEFAULT_TOKENIZER}': a byte-level BPE trained offline on the training "
                                               "split and cached; or a name/path for AutoTokenizer (t5-base for C4)")
     vocab_size: int = flag(8192, f"vocabulary of the '{DEFAULT_TOKENIZER}' tokenizer")
@@ -112,7 +116,8 @@ class TrainConfig:
     eval_tokens: int = flag(None, "validation token budget of one evaluation (the whole split if smaller); default: "
                                    f"{STREAMED_EVAL_TOKENS:,} for a streamed hub dataset (GaLore's), {LOCAL_EVAL_TOKENS:,} "
                                    "otherwise, so a short run does not spend most of its time evaluating")
-    workers: int = flag(8, "DataLoader worker processes for a streamed dataset (C4); in-memory corpora need none")
+    workers: int = flag(8, "DataLoader worker processes for a streamed dataset (C4, --streaming); in-memory corpora "
+                           "need none")
     # --- batch and length of the run
     batch_size: int = flag(8, "sequences per micro-batch on each process")
     gradient_accumulation: int = flag(None, "micro-batches per update (derived from --total_batch_size if omitted)")
@@ -371,6 +376,9 @@ def _derive_batch(c: TrainConfig, world_size: int) -> None:
 
 
 def _check_files(c: TrainConfig) -> None:
+    if c.streaming and c.dataset == BUNDLED:
+        raise ValueError(f"--streaming reads a local .txt/.jsonl a line at a time; the bundled corpus ('{BUNDLED}', "
+                         "5 MB) is read into memory: drop --streaming, or pass --dataset <your file>")
     if is_local_file(c.dataset) and not Path(c.dataset).is_file():
         raise ValueError(f"--dataset {c.dataset!r}: no such file; pass an existing .txt/.jsonl, '{BUNDLED}' or "
                          "'allenai/c4'")

@@ -6,50 +6,34 @@ Every document is tokenized, followed by EOS and concatenated into one stream th
 - in memory (the bundled corpus, a local .txt/.jsonl): the order of sequences is a fresh permutation
   per epoch seeded by (seed, epoch); rank r of W reads the r-th slice of every global batch. The
   position is the number of micro-batches consumed, so resuming is O(1) and exact.
-- streamed (C4 or another hub dataset): shuffled with a seeded buffer and split by node as GaLore does;
-  resuming re-reads and skips the micro-batches already consumed.
+- streamed (C4 or another hub dataset, or a local file with --streaming: local_stream.py): shuffled with a
+  seeded buffer and split by node as GaLore does; resuming re-reads and skips the micro-batches already consumed.
+  A hub stream is read once; a local file again at its end, each epoch shuffled anew.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 
 import torch
 
-from .config import BUNDLED, TrainConfig, is_local_file
+from .config import BUNDLED, DEFAULT_TOKENIZER, TrainConfig, is_local_file
 from .corpus import fetch_corpus, split_works
 from .distributed import Dist
+from .documents import HELD_OUT_EVERY, held_out, read_documents
+from .local_stream import bpe_sample, stream_local_file
 from .tokenizer import load_tokenizer
 
 ENCODE_CHUNK = 256  # documents per tokenizer call
-HELD_OUT_EVERY = 20  # every 20th document of a local corpus is validation
+SHUFFLE_BUFFER = 10_000  # documents in a streamed dataset's shuffle buffer
 
 
 # ----------------------------------------------------------------- documents
-def is_streamed(dataset: str) -> bool:
-    return dataset != BUNDLED and not is_local_file(dataset)
-
-
-def read_documents(path: str | Path) -> list[str]:
-    """A .txt file: documents separated by blank lines. A .jsonl file: one object a line with a 'text' field."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--dataset {str(path)!r}: no such file; pass an existing .txt/.jsonl, "
-                                f"'{BUNDLED}' or 'allenai/c4'")
-    if path.suffix == ".txt":
-        documents = [block.strip() for block in path.read_text(encoding="utf-8").split("\n\n")]
-    else:
-        documents = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    documents.append(json.loads(line)["text"])
-                except (json.JSONDecodeError, KeyError, TypeError) as error:
-                    raise ValueError(f"{path}:{number}: expected a JSON object with a 'text' field ({error})") from None
-    return [d for d in documents if d]
+def is_streamed(dataset: str, streaming: bool = False) -> bool:
+    """A hub dataset is always streamed; a local file only with --streaming; the bundled corpus never."""
+    return dataset != BUNDLED and (streaming or not is_local_file(dataset))
 
 
 def load_texts(config: TrainConfig) -> tuple[list[str], list[str]]:
@@ -67,8 +51,8 @@ def load_texts(config: TrainConfig) -> tuple[list[str], list[str]]:
               "its last document alone is held out for validation, so the eval loss is a noisy figure",
               file=sys.stderr)
         return documents[:-1], documents[-1:]
-    train = [d for i, d in enumerate(documents) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
-    validation = [d for i, d in enumerate(documents) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
+    train = [d for i, d in enumerate(documents) if not held_out(i)]
+    validation = [d for i, d in enumerate(documents) if held_out(i)]
     return train, validation
 
 
@@ -166,39 +150,65 @@ def packed_stream(documents: Iterable[str], tokenizer, max_length: int, batch_si
 
 
 class StreamedBatches(torch.utils.data.IterableDataset):
-    """Micro-batches from a streamed hub dataset, split over ranks and DataLoader workers.
+    """Micro-batches from a streamed dataset, split over ranks and DataLoader workers.
 
     The DataLoader takes batches from its workers in turn, so the k-th batch came from worker k mod W.
     Resuming after `skip` batches relabels the workers so the first one asked is the one that was next,
     and each skips the batches it had already given.
+
+    `epoch_seed` None: the dataset is read once, as given (a hub dataset, shuffled by stream_hub_dataset). An int: it
+    is read again and again, epoch e shuffled with seed epoch_seed + e (a local file streamed, local_stream.py); each
+    worker's packing runs on across its epochs, so a resume in any epoch skips to the same batch.
     """
 
     def __init__(self, dataset, tokenizer, max_length: int, batch_size: int, rank: int = 0, world_size: int = 1,
-                 skip: int = 0):
+                 skip: int = 0, epoch_seed: int | None = None):
         self.dataset, self.tokenizer = dataset, tokenizer
         self.max_length, self.batch_size = max_length, batch_size
         self.rank, self.world_size, self.skip = rank, world_size, skip
+        self.epoch_seed = epoch_seed
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        import datasets.distributed
-
         info = torch.utils.data.get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         logical = (worker + self.skip) % workers
         already = max(0, (self.skip - logical + workers - 1) // workers)
-        shard = datasets.distributed.split_dataset_by_node(
-            self.dataset, rank=self.rank * workers + logical, world_size=self.world_size * workers)
         if info is not None:  # as datasets does in a worker: a forked child must not wait on the parent's fsspec loop
             import fsspec.asyn
 
             fsspec.asyn.reset_lock()
-        # shard.iter(), not iter(shard): in a DataLoader worker, iter(shard) would split it again by the real worker
-        # id, so worker w kept only its 1/workers of a shard already meant for it alone (and ignored `logical`)
-        texts = (text for rows in shard.iter(batch_size=ENCODE_CHUNK) for text in rows["text"])
+        node = self.rank * workers + logical, self.world_size * workers
+        if self.epoch_seed is None:
+            texts = _texts(self.dataset, *node)
+        else:
+            texts = itertools.chain.from_iterable(self._epoch(epoch, *node) for epoch in itertools.count())
         batches = packed_stream(texts, self.tokenizer, self.max_length, self.batch_size)
         for index, batch in enumerate(batches):
             if index >= already:
                 yield batch
+
+    def _epoch(self, epoch: int, node: int, nodes: int) -> Iterator[str]:
+        """One pass over this node's share, shuffled for `epoch` (shuffle's seed, not datasets' set_epoch: that one
+        lives in memory the DataLoader's workers share, and they reach their epochs at different times)."""
+        shuffled = self.dataset.shuffle(seed=self.epoch_seed + epoch, buffer_size=SHUFFLE_BUFFER)
+        empty = True
+        for text in _texts(shuffled, node, nodes):
+            empty = False
+            yield text
+        if empty:  # the next epoch would be empty too: never a batch, never an end
+            raise ValueError(f"the streamed corpus has no training document for reader {node} of {nodes} (processes x "
+                             "DataLoader workers); use a larger corpus, fewer --workers or fewer processes")
+
+
+def _texts(dataset, node: int, nodes: int) -> Iterator[str]:
+    """The texts of reader `node`'s share of `dataset` (split by node as GaLore does; a reader is one DataLoader
+    worker of one process)."""
+    import datasets.distributed
+
+    shard = datasets.distributed.split_dataset_by_node(dataset, rank=node, world_size=nodes)
+    # shard.iter(), not iter(shard): in a DataLoader worker, iter(shard) would split it again by the real worker
+    # id, so worker w kept only its 1/workers of a shard already meant for it alone (and ignored `logical`)
+    return (text for rows in shard.iter(batch_size=ENCODE_CHUNK) for text in rows["text"])
 
 
 def stream_hub_dataset(name: str, split: str, seed: int):
@@ -213,7 +223,7 @@ def stream_hub_dataset(name: str, split: str, seed: int):
     except Exception as error:  # noqa: BLE001 - hub errors come in many classes; all mean "cannot stream it"
         raise ValueError(f"--dataset {name!r}: cannot stream its {split!r} split ({type(error).__name__}: {error}). "
                          f"Offline, use the default --dataset {BUNDLED} or a local .txt/.jsonl file") from None
-    return data.shuffle(seed=seed, buffer_size=10_000)
+    return data.shuffle(seed=seed, buffer_size=SHUFFLE_BUFFER)
 
 
 # ----------------------------------------------------------------- evaluation
@@ -240,44 +250,68 @@ def streamed_eval_batches(dataset, tokenizer, max_length: int, batch_size: int, 
 
 
 class Batches:
-    """One interface over the two data sources: next(), state_dict(), and the fixed validation batches."""
+    """One interface over the data sources: next(), state_dict(), and the fixed validation batches."""
 
     def __init__(self, config: TrainConfig, context: Dist):
         self.config, self.context = config, context
-        self.streamed = is_streamed(config.dataset)
-        texts = (None, None) if self.streamed else load_texts(config)
+        self.streamed = is_streamed(config.dataset, config.streaming)
+        local_stream = self.streamed and is_local_file(config.dataset)
+        if local_stream:
+            texts = (bpe_sample(config.dataset) if config.tokenizer == DEFAULT_TOKENIZER else None, None)
+        else:
+            texts = (None, None) if self.streamed else load_texts(config)
         self.tokenizer = load_tokenizer(config.tokenizer, texts[0], config.vocab_size, config.data_dir, config.max_length)
         rank, world = context.rank, context.world_size
         if self.streamed:
-            self._train_stream = stream_hub_dataset(config.dataset, "train", config.seed)
+            if local_stream:
+                self._train_stream = stream_local_file(config.dataset, "train")
+                validation = stream_local_file(config.dataset, "validation")
+            else:
+                self._train_stream = stream_hub_dataset(config.dataset, "train", config.seed)
+                validation = stream_hub_dataset(config.dataset, "validation", config.seed)
+            self._epoch_seed = config.seed if local_stream else None
             self.position = 0
             self._iterator = None
-            validation = stream_hub_dataset(config.dataset, "validation", config.seed)
             self.validation = streamed_eval_batches(validation, self.tokenizer, config.max_length,
-                                                             config.batch_size, config.eval_tokens, rank, world)
+                                                    config.batch_size, config.eval_tokens, rank, world)
+            if not self.validation:
+                raise ValueError(f"--dataset {config.dataset!r}: its validation split fills no micro-batch of "
+                                 f"{config.batch_size} x {config.max_length} tokens on rank {rank}; a local file needs "
+                                 f"at least {HELD_OUT_EVERY} documents (every {HELD_OUT_EVERY}th is validation) and "
+                                 "enough text in them: use a larger corpus, a smaller --batch_size or --max_length")
         else:
             train = pack(texts[0], self.tokenizer, config.max_length)
             self.shuffled = ShuffledBatches(train, config.batch_size, config.seed, rank, world)
             self.validation = eval_batches(pack(texts[1], self.tokenizer, config.max_length),
-                                                    config.batch_size, config.eval_tokens, rank, world)
+                                           config.batch_size, config.eval_tokens, rank, world)
 
     def next(self) -> torch.Tensor:
         if not self.streamed:
             return self.shuffled.next_batch()
         if self._iterator is None:
             dataset = StreamedBatches(self._train_stream, self.tokenizer, self.config.max_length,
-                                               self.config.batch_size, self.context.rank, self.context.world_size,
-                                               skip=self.position)
+                                      self.config.batch_size, self.context.rank, self.context.world_size,
+                                      skip=self.position, epoch_seed=self._epoch_seed)
             loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=self.config.workers)
             self._iterator = iter(loader)
+        try:
+            batch = next(self._iterator)
+        except StopIteration:  # a hub stream is read once; at its end the run cannot go on
+            raise RuntimeError(f"--dataset {self.config.dataset!r} ran out after {self.position} micro-batches on "
+                               f"rank {self.context.rank}; train for fewer updates (--num_training_steps, "
+                               "--max_train_tokens)") from None
         self.position += 1
-        return next(self._iterator)
+        return batch
 
     def state_dict(self) -> dict:
         return {"position": self.position} if self.streamed else self.shuffled.state_dict()
 
     def load_state_dict(self, state: dict, saved_width: int | None = None) -> None:
         """`saved_width` as ShuffledBatches'; a streamed dataset resumes with the writer's layout only (find_resume)."""
+        if self.streamed != ("sequences" not in state):  # an in-memory position counts sequences, a stream's does not
+            raise ValueError("the checkpoint read its --dataset " + ("in memory" if "sequences" in state else "as a stream")
+                             + ", this run " + ("as a stream" if self.streamed else "in memory") + ": resume with the "
+                             "checkpoint's --streaming")
         if self.streamed:
             self.position, self._iterator = state["position"], None
         else:

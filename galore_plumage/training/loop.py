@@ -116,7 +116,7 @@ def may_change(saved: dict, config: TrainConfig) -> frozenset[str]:
     """The flags a resume of the run `saved` may change: RESUME_MAY_CHANGE, and how each update's sequences are split
     over processes and micro-batches (BATCH_LAYOUT) while --total_batch_size stays. An in-memory corpus's position
     moves over in sequences; a streamed one is split by process and packed by micro-batch, so it keeps the writer's."""
-    if saved.get("total_batch_size") == config.total_batch_size and not is_streamed(config.dataset):
+    if saved.get("total_batch_size") == config.total_batch_size and not is_streamed(config.dataset, config.streaming):
         return RESUME_MAY_CHANGE | BATCH_LAYOUT
     return RESUME_MAY_CHANGE
 

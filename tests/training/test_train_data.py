@@ -154,8 +154,10 @@ def test_load_texts_reads_the_bundled_corpus_offline(sdist, tmp_path):
     ("shakespeare", False), ("corpus.txt", False), ("dir/corpus.jsonl", False), ("allenai/c4", True), ("my/hub-set", True),
 ])
 def test_in_memory_or_streamed(dataset, streamed):
-    """The bundled corpus and local .txt/.jsonl files are read into memory; any other name is streamed from the hub."""
+    """The bundled corpus and local .txt/.jsonl files are read into memory; any other name is streamed from the hub.
+    With --streaming a local file is streamed too, the bundled corpus never (config refuses the pair)."""
     assert is_streamed(dataset) is streamed
+    assert is_streamed(dataset, streaming=True) is (dataset != "shakespeare")
 
 
 def test_read_documents_txt_splits_on_blank_lines(tmp_path):
