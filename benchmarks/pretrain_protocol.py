@@ -405,6 +405,14 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     **{f"plumage_sgdm_draws_recipe_clip{clip}": ("plumage_sgdm", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "1", "--grad_clipping", clip,
         *ADAFACTOR_DRAWS], (0.1, 0.07, 0.14)) for clip in ("1", "3")},
+    # ... GaLore's recipe with its momentum carried through each refresh (session 52): GaLore keeps the r-row buffer as it
+    # is when the basis changes, so a singular vector whose sign flipped (an SVD's sign is arbitrary) reverses its row
+    # of momentum, and a rotated one mixes rows. SGD does not normalize, so that stale momentum is stepped as is:
+    # transported (realign "m", M <- P_new^T P_old M) or only its signs kept (align_signs, GaLore's basis otherwise)
+    "galore_sgdm_recipe_realign_m": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25", "--realign", "m"],
+                                     (0.07, 0.05, 0.1)),
+    "galore_sgdm_recipe_aligned": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25", "--align_signs"],
+                                   (0.07, 0.05)),
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),
