@@ -1,12 +1,15 @@
 """A local .txt/.jsonl corpus read as a stream (--streaming): for a corpus larger than memory, or too large to tokenize
 before the first update.
 
-The documents and the held-out split are the in-memory path's (data.iter_documents, every 20th document is
-validation), read a line at a time by `datasets` as a streaming split, so the batches go through the hub's
+The documents and the held-out split are the in-memory path's (documents.iter_documents, every 20th document
+is validation), read a line at a time by `datasets` as a streaming split, so the batches go through the hub's
 streaming path (data.StreamedBatches: DataLoader workers, split by process, resume by re-reading). Where a hub
 stream is read once, a file is read again at its end: epoch e is shuffled with seed + e through a buffer of
 data.SHUFFLE_BUFFER documents. The offline BPE (--tokenizer bpe) trains on the first BPE_SAMPLE_CHARS characters of the
 training split instead of all of it.
+
+A file is one shard: each reader (a DataLoader worker of one process) reads all of it and keeps every k-th document
+of the k readers: more --workers tokenize in parallel, but each of them parses every line of the file.
 """
 
 from __future__ import annotations
