@@ -301,7 +301,23 @@ def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr)
     (["--optimizer", "galore_adamw", "--v_floor", "m2"], "absent"),
 ])
 def test_the_floors_warm_up_defaults_to_the_optimizers_pretraining_horizon(argv, horizon):
-    """optimizers.PRETRAIN_V_FLOOR_HORIZON: filled into the options when the flag is not given and the floor is m2."""
+    """optimizers.PRETRAIN_V_FLOOR_HORIZON: filled into the options when the flag is not given and the floor is m2
+    (at the default 8 x 256 = 2048 tokens an update)."""
+    options = parse_config(argv).low_rank
+    assert options.get("v_floor_horizon", "absent") == horizon
+
+
+@pytest.mark.parametrize("argv, horizon", [
+    (["--max_length", "64"], "absent"),  # 8 x 64 = 512 tokens an update: m2's own warm-up (session 53)
+    (["--max_length", "128", "--batch_size", "15"], "absent"),  # 1920: just below the threshold
+    (["--max_length", "64", "--batch_size", "32"], 200),  # 2048 tokens: the 200-update warm-up
+    (["--max_length", "64", "--batch_size", "8", "--total_batch_size", "32"], 200),  # accumulated: tokens an update
+    (["--max_length", "64", "--optimizer", "plumage_adamw8bit"], "absent"),  # 8-bit likewise
+    (["--max_length", "64", "--v_floor_horizon", "200"], 200),  # a warm-up given is kept
+    (["--max_length", "64", "--v_floor", "m2"], "absent"),
+])
+def test_below_2048_tokens_an_update_the_floor_keeps_m2s_own_warm_up(argv, horizon):
+    """optimizers.PRETRAIN_V_FLOOR_HORIZON_FROM_TOKENS: no v_floor_horizon filled in below it, so m2's ~1000 updates."""
     options = parse_config(argv).low_rank
     assert options.get("v_floor_horizon", "absent") == horizon
 
