@@ -138,17 +138,16 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
     return PRETRAIN_REGULAR_LR_RATIO.get((spec.family, spec.backend), 1.0)
 
 
-# The floor's warm-up (v_floor_horizon, optimizers/moment_floor.py) when torchrun_main.py pretrains, from
-# PRETRAIN_V_FLOOR_HORIZON_FROM_TOKENS tokens an update up: 200 updates instead of m2's ~1000, with the regular group at
+# The floor's warm-up (v_floor_horizon, optimizers/moment_floor.py) when torchrun_main.py pretrains, as (from this many
+# tokens an update up, horizon): 200 updates from 2048 tokens instead of m2's ~1000, with the regular group at
 # 2x the lr (above). plumage_adamw: ahead of m2 at 8 x 256 and 16 x 256 tokens an update (+0.05, +0.03), where m2 fell
 # behind GaLore's recipe as on a GPU at 64 x 256; plumage_adamw8bit: +0.070 at 8 x 256 over m2 at one lr (three seeds
 # each; docs/results.md §3, sessions 35-36). Below that m2's own, for both: at 8 x 64 tokens 200 was level with it on
 # llama_tiny (float32 -0.006; 8-bit +0.007 over m2 at one lr, whose 2x alone gained 0.012), and float32's behind it
 # on every seed of three, each at its own best lr, on llama_35m's shape (0.042) and on Python source (0.014; session 53).
 # The option's default stays None elsewhere (the classes, build_optimizer, run_glue.py).
-PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], int] = {("plumage", "adamw"): 200, ("plumage", "adamw8bit"): 200}
-PRETRAIN_V_FLOOR_HORIZON_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"): 2048,
-                                                                     ("plumage", "adamw8bit"): 2048}
+PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw"): (2048, 200),
+                                                                    ("plumage", "adamw8bit"): (2048, 200)}
 
 
 # Where torchrun_main.py pretrains without the floor: from this many tokens an update (total_batch_size x max_length)
@@ -206,16 +205,14 @@ def recommended_residual(spec: OptimizerSpec, options: dict, tokens_per_update: 
 def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, tokens_per_update: int,
                                 preset: str | None = None) -> int | None:
     """The v_floor_horizon torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
-    `tokens_per_update` when the flag is not given: the table's from PRETRAIN_V_FLOOR_HORIZON_FROM_TOKENS up where the
-    floor in effect is 'm2', else None (m2's own warm-up below it; another floor has no warm-up to shape; a preset
-    keeps m2's own, as every preset was measured)."""
-    key = (spec.family, spec.backend)
-    if preset is not None or key not in PRETRAIN_V_FLOOR_HORIZON:
-        return None
-    if tokens_per_update < PRETRAIN_V_FLOOR_HORIZON_FROM_TOKENS[key]:
+    `tokens_per_update` when the flag is not given: PRETRAIN_V_FLOOR_HORIZON's from its threshold up where the floor
+    in effect is 'm2', else None (m2's own warm-up below it; another floor has no warm-up to shape; a preset keeps
+    m2's own, as every preset was measured)."""
+    threshold, horizon = PRETRAIN_V_FLOOR_HORIZON.get((spec.family, spec.backend), (None, None))
+    if preset is not None or threshold is None or tokens_per_update < threshold:
         return None
     floor = options.get("v_floor", family_defaults(spec)["v_floor"])
-    return PRETRAIN_V_FLOOR_HORIZON[key] if floor == "m2" else None
+    return horizon if floor == "m2" else None
 
 
 def family_scale(spec: OptimizerSpec) -> float:
@@ -411,7 +408,6 @@ __all__ = [
     "PRETRAIN_COMPLEMENT",
     "PRETRAIN_NO_FLOOR_FROM_TOKENS",
     "PRETRAIN_V_FLOOR_HORIZON",
-    "PRETRAIN_V_FLOOR_HORIZON_FROM_TOKENS",
     "RECOMMENDED_LR",
     "REALIGN_FLAG_HELP",
     "RULES",

@@ -342,8 +342,8 @@ def _derive_v_floor(c: TrainConfig) -> None:
 
 
 def _derive_v_floor_horizon(c: TrainConfig) -> None:
-    """The floor's warm-up the optimizer pretrains with at this many tokens an update (optimizers.PRETRAIN_V_FLOOR_HORIZON
-    from PRETRAIN_V_FLOOR_HORIZON_FROM_TOKENS up), into the options unless --v_floor_horizon was given (as 'none' too)."""
+    """The floor's warm-up the optimizer pretrains with at this many tokens an update (optimizers.PRETRAIN_V_FLOOR_HORIZON,
+    from its threshold up), into the options unless --v_floor_horizon was given (as 'none' too)."""
     if "v_floor_horizon" not in c.low_rank:
         horizon = recommended_v_floor_horizon(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset)
         if horizon is not None:

@@ -317,7 +317,7 @@ def test_the_floors_warm_up_defaults_to_the_optimizers_pretraining_horizon(argv,
     (["--max_length", "64", "--v_floor", "m2"], "absent"),
 ])
 def test_below_2048_tokens_an_update_the_floor_keeps_m2s_own_warm_up(argv, horizon):
-    """optimizers.PRETRAIN_V_FLOOR_HORIZON_FROM_TOKENS: no v_floor_horizon filled in below it, so m2's ~1000 updates."""
+    """optimizers.PRETRAIN_V_FLOOR_HORIZON's threshold: no v_floor_horizon filled in below it, so m2's ~1000 updates."""
     options = parse_config(argv).low_rank
     assert options.get("v_floor_horizon", "absent") == horizon
 
