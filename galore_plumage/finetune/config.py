@@ -29,7 +29,7 @@ from ..optimizers import (
     optimizer_spec,
 )
 from ..projectors import list_projectors
-from ..projectors.base import PROJ_TYPES
+from ..projectors.modes import PROJ_TYPES
 from ..training.config import add_flags, add_option_flags, flag, split_options
 from .resume import checkpoint_every
 from .tasks import DATA_FILE_SUFFIXES, OFFLINE_TASK, TASKS

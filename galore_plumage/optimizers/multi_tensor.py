@@ -32,7 +32,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..projectors.base import Projector, add_product, onto_basis
+from ..projectors.base import Projector
+from ..projectors.modes import add_product, onto_basis
 from .compiled_update import Compiled
 from .residual import column_owners, complement_weights_together
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import PROJ_TYPES, Basis, Projector, mode_product, projected_modes, refresh_generator
+from .base import Projector
 from .interval import mean_principal_cosine, next_interval
+from .modes import PROJ_TYPES, mode_product, projected_modes
 from .plumage import PlumageProjector
+from .pool import Basis
 from .random import RandomProjector
 from .sampling import inclusion_probabilities, systematic_sample
+from .seeding import refresh_generator
 from .svd import SVDProjector
 from .tucker import TuckerProjector
 

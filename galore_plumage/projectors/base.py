@@ -17,102 +17,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
 import torch
 
 from .checks import check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
 from .interval import cosine_mean, next_interval, principal_overlap
+from .modes import PROJ_TYPES, add_product, along, mode_product, onto_basis, projected_modes
+from .pool import Basis, Pool, stored_in_bf16
+from .seeding import refresh_generator
 from .signs import aligned_signs
 from .spectrum import Singular, decompose, eigh_gram
 
-PROJ_TYPES = ("std", "reverse_std", "left", "right", "full")
 DEFAULT_TAU_MAX_FACTOR = 4  # tau_max defaults to 4 × update_proj_gap when adaptive_interval is on
-
-_MASK64 = (1 << 64) - 1
-
-
-@dataclass
-class Basis:
-    """What a subclass makes at a refresh."""
-
-    factors: dict[int, torch.Tensor]  # mode -> dim_k × r_k
-    inv_p: torch.Tensor | None = None  # 1/p of the sampled directions (one-sided PLUMAGE), float
-    stats: dict[str, float] = field(default_factory=dict)
-    pool: Pool | None = None  # what a resample draws from until the next refresh (PLUMAGE with resample_every)
-
-
-@dataclass
-class Pool:
-    """The candidates of a refresh that later draws choose from: the top K singular vectors of one side
-    (dim × K) and their inclusion probabilities (K, float64 on the CPU, Σp = rank).
-
-    Stored with the current draw's r vectors first, so the basis is the view vectors[:, :r] and costs no memory of
-    its own; `order` gives each stored column's place in the descending-σ order the draws are made in. A draw
-    rearranges the pool in place (swap_in), so a view of the basis taken before a draw follows it."""
-
-    vectors: torch.Tensor
-    p: torch.Tensor
-    order: torch.Tensor | None = None  # None (a new pool, or a checkpoint before session 8): descending-σ order
-    # some vector may be left out of a draw (a p below 1): read once, as draws only permute p
-    leaves_some_out: bool = field(init=False)
-
-    def __post_init__(self):
-        if self.order is None:
-            self.order = torch.arange(self.p.numel())
-        self.leaves_some_out = bool((self.p < 1).any())
-
-    def canonical(self) -> torch.Tensor:
-        """p in descending-σ order."""
-        return Pool.canonical_together([self])[0]
-
-    @staticmethod
-    def canonical_together(pools: list[Pool]) -> torch.Tensor:
-        """canonical() of pools of one size, as the rows of one matrix (one scatter for all of them)."""
-        stored = torch.stack([pool.p for pool in pools])
-        return torch.empty_like(stored).scatter_(1, torch.stack([pool.order for pool in pools]), stored)
-
-    def arranged(self, chosen: torch.Tensor) -> tuple[Pool, torch.Tensor]:
-        """This pool stored with the `chosen` vectors (descending-σ indices) first, and those vectors as a view."""
-        order = self.order
-        stored_at = torch.empty_like(order)
-        stored_at[order] = torch.arange(order.numel())
-        rest = torch.ones(order.numel(), dtype=torch.bool)
-        rest[chosen] = False
-        new_order = torch.cat([chosen, rest.nonzero().flatten()])
-        columns = stored_at[new_order]
-        pool = Pool(self.vectors[:, columns.to(self.vectors.device)], self.p[columns], new_order)
-        return pool, pool.vectors[:, : chosen.numel()]
-
-    def swap_in(self, chosen: torch.Tensor) -> torch.Tensor:
-        """Make the `chosen` vectors (descending-σ indices, as many as the basis holds) the first stored ones, in
-        place: a vector already among the first keeps its column, and each one that enters swaps columns with one
-        that leaves. Only the columns that change are copied (arranged() copies the whole pool). Returns the
-        columns that changed vector (CPU): the rows whose moments start again from zero."""
-        return Pool.swap_in_together([self], chosen.unsqueeze(0))[0]
-
-    @staticmethod
-    def swap_in_together(pools: list[Pool], chosen: torch.Tensor) -> list[torch.Tensor]:
-        """swap_in of pools of one size, row k of `chosen` (W × rank) for pool k: which stored columns leave and which
-        enter found for all pools at once, the copies made pool by pool."""
-        rank = chosen.shape[1]
-        orders = torch.stack([pool.order for pool in pools])
-        # whether the vector stored at each column is wanted: the first `rank` columns keep theirs where it is
-        wanted = torch.zeros(orders.shape, dtype=torch.bool).scatter_(1, chosen, True).gather(1, orders)
-        leaving, entering = ~wanted[:, :rank], wanted[:, rank:]
-        return [pool.swap_columns(out.nonzero().flatten(), rank + into.nonzero().flatten())
-                for pool, out, into in zip(pools, leaving, entering, strict=True)]
-
-    def swap_columns(self, leaving: torch.Tensor, entering: torch.Tensor) -> torch.Tensor:
-        """Swap the stored columns `leaving` (among the first) and `entering` (after them), pairwise in order."""
-        columns, sources = torch.cat([leaving, entering]), torch.cat([entering, leaving])
-        # one copy of the indices to the device, without waiting on it (non_blocking: no host synchronisation)
-        moves = torch.stack([columns, sources]).to(self.vectors.device, non_blocking=True)
-        self.vectors[:, moves[0]] = self.vectors[:, moves[1]]  # the right side is gathered first
-        self.p[columns] = self.p[sources]
-        self.order[columns] = self.order[sources]
-        return leaving
 
 
 class Outside(NamedTuple):
@@ -123,77 +40,6 @@ class Outside(NamedTuple):
     low_grad: torch.Tensor
     weights: torch.Tensor
     alpha: float
-
-
-def projected_modes(shape: torch.Size | tuple[int, ...], proj_type: str) -> tuple[int, ...]:
-    """The modes a matrix gradient is projected on, as galore-torch chooses them (0 = left, 1 = right)."""
-    m, n = shape
-    sides = {
-        "std": (1,) if m >= n else (0,),
-        "reverse_std": (0,) if m >= n else (1,),
-        "left": (0,),
-        "right": (1,),
-        "full": (0, 1),
-    }
-    if proj_type not in sides:
-        raise ValueError(f"unknown proj_type {proj_type!r}; choose one of {', '.join(PROJ_TYPES)}")
-    return sides[proj_type]
-
-
-def mode_product(x: torch.Tensor, matrix: torch.Tensor, mode: int) -> torch.Tensor:
-    """x ×_mode matrix: replaces axis `mode` of x (length b) by matrix @ that axis (matrix is a × b)."""
-    if x.dim() == 2:
-        return matrix @ x if mode == 0 else x @ matrix.T
-    return torch.movedim(torch.tensordot(matrix, x, dims=([1], [mode])), 0, mode)
-
-
-def onto_basis(x: torch.Tensor, factor: torch.Tensor, mode: int) -> torch.Tensor:
-    """x ×_mode factorᵀ, the coordinates of x's mode-`mode` fibres in the basis of factor's columns: mode_product's
-    arithmetic, a matrix's in one matmul of factor as stored (no transpose of factorᵀ back: a view costs a GPU's
-    launch-bound step host time)."""
-    if x.dim() == 2:
-        return factor.T @ x if mode == 0 else x @ factor
-    return mode_product(x, factor.T, mode)
-
-
-def add_product(target: torch.Tensor, factor: torch.Tensor, low: torch.Tensor, mode: int, alpha: float = 1.0) -> None:
-    """target ← target + alpha · (low ×_mode factor), a one-sided basis's product added to a matrix without writing it
-    out where the dtypes allow (one addmm)."""
-    if factor.dtype != low.dtype:  # the pool stored in bfloat16
-        factor = factor.to(low.dtype)
-    if target.dtype != low.dtype:  # a bfloat16 weight with the outside: the float32 product, rounded once
-        target.add_(mode_product(low, factor, mode).to(target.dtype), alpha=alpha)
-    elif mode == 0:
-        target.addmm_(factor, low, alpha=alpha)  # P Z: (m × r)(r × n)
-    else:
-        target.addmm_(low, factor.T, alpha=alpha)  # Z Pᵀ: (m × r)(r × n)
-
-
-def refresh_generator(seed: int, index: int, count: int, draw: int = 0,
-                      device: torch.device | str = "cpu") -> torch.Generator:
-    """The generator for refresh number `count` of parameter `index`: a pure function of the three.
-
-    `draw` > 0 numbers the resamples inside that refresh interval (PLUMAGE's κ); draw 0 is the refresh itself
-    and gives the same generator as before resampling existed, so older runs repeat exactly.
-
-    Data-parallel ranks therefore draw the same bases without communicating, a resumed run repeats
-    the uninterrupted one, and nothing depends on (or disturbs) the global RNG. A CPU generator (the default) draws
-    the same values on every machine; a CUDA one (`device`, for FLORA's Gaussians drawn where they are used) draws
-    the same values on every GPU of a run (Philox, counter-based).
-    """
-    state = 0
-    for value in (seed, index, count, *((draw,) if draw else ())):
-        state = _splitmix64(state ^ (int(value) & _MASK64))
-    generator = torch.Generator(device=device)
-    generator.manual_seed(state >> 1)  # manual_seed takes 63 bits
-    return generator
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 class Projector:
@@ -409,7 +255,7 @@ class Projector:
             if self.adaptive_interval:
                 self.tau = next_interval(self.stats["rho"], self.tau, self.tau_min, self.tau_max)
         if self.pool_bf16 and basis.pool is not None:
-            basis = _stored_in_bf16(basis)
+            basis = stored_in_bf16(basis)
         self.factors, self.inv_p = basis.factors, basis.inv_p
         self.pool, self.draws = basis.pool, 0
         self.refresh_count += 1
@@ -550,7 +396,7 @@ class Projector:
         if self.inv_p is None:
             return low
         (mode,) = self.factors
-        return low * _along(self.inv_p, mode, low.dim())
+        return low * along(self.inv_p, mode, low.dim())
 
     def add_back(self, target: torch.Tensor, low: torch.Tensor, alpha: float, outside: Outside | None = None) -> None:
         """target ← target + alpha · project_back(low), in place; with `outside`, also + β · w ⊙ (G − F R).
@@ -772,15 +618,6 @@ def _transition(new: dict[int, torch.Tensor], old: dict[int, torch.Tensor],
     return {k: new[k].T.to(dtype) @ old[k].to(device=new[k].device, dtype=dtype) for k in new}
 
 
-def _stored_in_bf16(basis: Basis) -> Basis:
-    """`basis` with its pool stored in bfloat16 and its factor a view of the pool's first columns, as before: half the
-    pool's memory; p and 1/p keep their dtype."""
-    ((mode, factor),) = basis.factors.items()
-    vectors = basis.pool.vectors.to(torch.bfloat16)
-    pool = Pool(vectors, basis.pool.p, basis.pool.order)
-    return Basis({mode: vectors[:, : factor.shape[1]]}, basis.inv_p, basis.stats, pool)
-
-
 def _row_major(matrix: torch.Tensor) -> torch.Tensor:
     """A copy in row-major layout: the layout a checkpoint loads back into, so a resumed run multiplies with the very
     same memory layout (another layout rounds matmuls differently)."""
@@ -827,10 +664,3 @@ def _on_cpu(tensor: torch.Tensor | None) -> torch.Tensor | None:
 def compute_dtype(grad: torch.Tensor) -> torch.dtype:
     """The dtype projections of `grad` are computed in: float64 for a float64 gradient, float32 otherwise."""
     return torch.float64 if grad.dtype == torch.float64 else torch.float32
-
-
-def _along(vector: torch.Tensor, mode: int, ndim: int) -> torch.Tensor:
-    """Reshape a vector so it broadcasts along axis `mode` of an ndim-tensor."""
-    shape = [1] * ndim
-    shape[mode] = -1
-    return vector.view(shape)

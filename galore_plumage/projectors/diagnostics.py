@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import projected_modes
+from .modes import projected_modes
 from .sampling import inclusion_probabilities
 
 

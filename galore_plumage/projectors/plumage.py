@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Basis, Pool, Projector
+from .base import Projector
+from .pool import Basis, Pool
 from .sampling import inclusion_probabilities, systematic_sample, systematic_samples
 
 

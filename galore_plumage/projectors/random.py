@@ -16,7 +16,9 @@ import math
 
 import torch
 
-from .base import Basis, Projector, refresh_generator
+from .base import Projector
+from .pool import Basis
+from .seeding import refresh_generator
 
 
 def gaussian_factors(shape, ranks, generator: torch.Generator, dtype, device) -> dict[int, torch.Tensor]:

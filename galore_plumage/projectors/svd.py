@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .base import Basis, Projector
+from .base import Projector
+from .pool import Basis
 
 
 class SVDProjector(Projector):

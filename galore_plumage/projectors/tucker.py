@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import warnings
 
-from .base import PROJ_TYPES, Basis, Projector
+from .base import Projector
+from .modes import PROJ_TYPES
+from .pool import Basis
 
 TUCKER_ITERATIONS = 10  # HOOI sweeps from the HOSVD start; the basis only steers the next τ steps
 

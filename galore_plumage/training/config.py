@@ -40,7 +40,7 @@ from ..optimizers import (
 )
 from ..optimizers.options import BY_KEY
 from ..projectors import list_projectors
-from ..projectors.base import PROJ_TYPES
+from ..projectors.modes import PROJ_TYPES
 from .run_folder import check_save_dir
 from .trackers import REPORT_TO
 

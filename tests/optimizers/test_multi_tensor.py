@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from galore_plumage import PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit, build_optimizer
 from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_PAPER, PLUMAGE_SAMPLED, PlumageSGDM, base, multi_tensor
 from galore_plumage.optimizers.multi_tensor import foreach_on
-from galore_plumage.projectors.base import add_product
+from galore_plumage.projectors.modes import add_product
 
 SETTINGS = {
     "default": {},  # GaLore's top-r basis with v_floor m2

@@ -79,7 +79,7 @@ def test_gradient_usable(dtype):
 def test_onto_basis_is_mode_product_with_the_transposed_basis_bit_for_bit(mode, shape):
     """project()'s onto_basis(x, F, mode) takes a matrix's coordinates in one matmul of F as stored, where
     mode_product(x, Fᵀ, mode) transposed Fᵀ back: the same products, so the same bits (a 3-D x takes mode_product)."""
-    from galore_plumage.projectors.base import mode_product, onto_basis
+    from galore_plumage.projectors.modes import mode_product, onto_basis
 
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(shape, generator=generator)
@@ -94,7 +94,7 @@ def test_one_sided_operands_project_and_add_back_as_the_projector(name, proj_typ
     """What a compiled group step multiplies by (multi_tensor.projected_and_mixed): the gradient in the dtype given,
     onto the factor as stored, is project()'s R bit for bit (a bfloat16 pool and a bfloat16 gradient cast as project
     casts them); add_product with that factor is add_back_mixed."""
-    from galore_plumage.projectors.base import add_product, onto_basis
+    from galore_plumage.projectors.modes import add_product, onto_basis
 
     generator = torch.Generator().manual_seed(4)
     grad = torch.randn(12, 30, generator=generator).to(grad_dtype)

@@ -18,8 +18,8 @@ from torch import nn
 from galore_plumage import PlumageAdamW
 from galore_plumage.optimizers import PLUMAGE_SAMPLED
 from galore_plumage.projectors import PlumageProjector, inclusion_probabilities
-from galore_plumage.projectors.base import refresh_generator
 from galore_plumage.projectors.sampling import systematic_sample
+from galore_plumage.projectors.seeding import refresh_generator
 
 M, N_COLS, K = 24, 16, 4
 SIGMA = [1.0 / i for i in range(1, N_COLS + 1)]  # r* = 1 at k = 4; the pool is the top 8 of 16

@@ -14,7 +14,7 @@ import pytest
 import galore_plumage
 from galore_plumage.optimizers import RULES
 from galore_plumage.projectors import list_projectors
-from galore_plumage.projectors.base import PROJ_TYPES
+from galore_plumage.projectors.modes import PROJ_TYPES
 from galore_plumage.training.config import TrainConfig, build_parser, parse_config, parse_token_count
 from galore_plumage.training.loop import optimizer_options
 
