@@ -16,29 +16,32 @@ from decimal import Decimal
 from pathlib import Path
 
 from ..optimizers import (
-    DEFAULT_LR,
-    OPTIONS,
-    PLUMAGE_CLASSES,
     PRESET_FLAG_HELP,
     PRESETS,
-    PRETRAIN_REGULAR_LR_RATIO,
-    REALIGN_FLAG_HELP,
-    RECOMMENDED_LR,
     RULES,
     LayerwiseOptimizer,
     check_optimizer_options,
     check_regular_lr,
     check_regular_lr_ratio,
-    family_defaults,
-    list_optimizers,
-    optimizer_spec,
-    recommended_lr,
+)
+from ..optimizers.options import BY_KEY, OPTIONS
+from ..optimizers.pretrain_defaults import (
+    PRETRAIN_REGULAR_LR_RATIO,
     recommended_regular_lr_ratio,
     recommended_residual,
     recommended_v_floor,
     recommended_v_floor_horizon,
 )
-from ..optimizers.options import BY_KEY
+from ..optimizers.registry import (
+    DEFAULT_LR,
+    PLUMAGE_CLASSES,
+    REALIGN_FLAG_HELP,
+    RECOMMENDED_LR,
+    family_defaults,
+    list_optimizers,
+    optimizer_spec,
+    recommended_lr,
+)
 from ..projectors import list_projectors
 from ..projectors.modes import PROJ_TYPES
 from .run_folder import check_save_dir

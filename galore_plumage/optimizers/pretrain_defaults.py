@@ -1,0 +1,107 @@
+"""What torchrun_main.py pretrains a name with where no flag says otherwise, as the fair protocol measured it
+(benchmarks/pretrain_protocol.py, docs/results.md §3): the regular group's lr ratio, the floor on Adam's second moment
+and its warm-up, and Fira's complement, each by tokens an update. training/config.py's resolve applies them; the
+Python API (the classes, build_optimizer, run_glue.py) keeps the classes' own settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .registry import OptimizerSpec, family_defaults
+
+# The regular group's (embeddings, norms, head) peak lr as a multiple of `lr` when torchrun_main.py pretrains: the
+# protocol's best for plumage_adamw on every shape larger than llama_tiny and level on llama_tiny (docs/results.md §3,
+# sessions 32-33); plumage_adamw8bit's since session 36, with the floor's warm-up below (+0.012 and +0.026 alone,
+# session 34); plumage_adafactor's since session 42, with scale 0.25 on its draws (+0.108 over GaLore's Adafactor
+# recipe, five seeds, where at one lr and scale 1 it trailed it). One lr (1) for every other name, as galore-torch;
+# the Python API (build_optimizer, the classes, the HF Trainer) keeps one lr too unless regular_lr is given: the ratio
+# was measured in pretraining only.
+PRETRAIN_REGULAR_LR_RATIO: dict[tuple[str, str], float] = {("plumage", "adamw"): 2.0, ("plumage", "adamw8bit"): 2.0,
+                                                           ("plumage", "adafactor"): 2.0}
+
+
+def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None) -> float:
+    """The regular group's lr over `lr` that torchrun_main.py uses for a name (under `preset`) when neither
+    --regular_lr nor --regular_lr_ratio is given; a preset keeps one lr, as every preset was measured."""
+    if preset is not None:
+        return 1.0
+    return PRETRAIN_REGULAR_LR_RATIO.get((spec.family, spec.backend), 1.0)
+
+
+# The floor's warm-up (v_floor_horizon, optimizers/moment_floor.py) when torchrun_main.py pretrains, as (from this many
+# tokens an update up, horizon): 200 updates from 2048 tokens instead of m2's ~1000, with the regular group at
+# 2x the lr (above). plumage_adamw: ahead of m2 at 8 x 256 and 16 x 256 tokens an update (+0.05, +0.03), where m2 fell
+# behind GaLore's recipe as on a GPU at 64 x 256; plumage_adamw8bit: +0.070 at 8 x 256 over m2 at one lr (three seeds
+# each; docs/results.md §3, sessions 35-36). Below that m2's own, for both: at 8 x 64 tokens 200 was level with it on
+# llama_tiny (float32 -0.006; 8-bit +0.007 over m2 at one lr, whose 2x alone gained 0.012), and float32's behind it
+# on every seed of three, each at its own best lr, on llama_35m's shape (0.042) and on Python source (0.014; session 53).
+# The threshold is llama_tiny's: on llama_35m's shape m2's own still led at 8 x 256 (0.019, two seeds; session 54), so
+# a larger model may want it higher (README, Limitations). The option's default stays None elsewhere (the classes,
+# build_optimizer, run_glue.py).
+PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw"): (2048, 200),
+                                                                    ("plumage", "adamw8bit"): (2048, 200)}
+
+
+# Where torchrun_main.py pretrains without the floor: from this many tokens an update (total_batch_size x max_length)
+# up, where neither --v_floor nor --v_floor_horizon is given. The floor's gain shrinks as the batch grows: H = 200
+# against no floor, both with the 2x regular group (docs/results.md §3, sessions 35-37), +0.034 at 512 tokens an
+# update, level at 2048 and 4096 (llama_tiny on the CPU), -0.047 at 16384 (llama_60m on an H200; three seeds each).
+# plumage_adamw8bit likewise since session 41: with the complement below, no floor led its 200-update warm-up (without
+# the complement) by 0.054 at 16 x 256 tokens, on every seed (three, Python source read once); without the complement
+# none trailed that warm-up by 0.017 (the plays, seed 0, session 39).
+PRETRAIN_NO_FLOOR_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"): 4096, ("plumage", "adamw8bit"): 4096}
+
+
+def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: int,
+                        preset: str | None = None) -> str | None:
+    """The v_floor torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
+    `tokens_per_update`: 'none' from PRETRAIN_NO_FLOOR_FROM_TOKENS up where neither v_floor nor v_floor_horizon is
+    given, else None (the class's own floor; a preset keeps what it was measured with)."""
+    threshold = PRETRAIN_NO_FLOOR_FROM_TOKENS.get((spec.family, spec.backend))
+    if preset is not None or threshold is None or {"v_floor", "v_floor_horizon"} & options.keys():
+        return None
+    return "none" if tokens_per_update >= threshold else None
+
+
+# Where torchrun_main.py pretrains with a complement, Fira's as published (arXiv 2410.01623; optimizers/residual.py:
+# the gradient outside the basis, G − P R, moves at the step Adam gives each column inside it, under Fira's norm-growth
+# limiter, at every update): from this many tokens an update up, where no residual option is given and not in
+# per-layer mode (whose point is not to hold full gradients, which the complement reads at every update). At 8 x 64
+# tokens a raw G − P R is mostly noise and the complement cost at tau = 200 (session 13), at 8 x 256 it costs 0.069 on
+# the floor's warm-up (three seeds, session 39); at 16 x 256 it gains 0.020 over the default without it on every seed
+# (docs/results.md §3, session 38). plumage_adamw's own complement (a
+# quarter step, the steady limiter, cap 0.5, the first 10 updates after a refresh) is not what was measured there.
+# plumage_adamw8bit's too since session 41 (docs/results.md §3): session 39 measured it costing on 8-bit, but 8-bit's
+# first update at a warm-up's lr 0 then gave Fira's limiter a zero reference (fixed in adamw8bit.py); fixed, it leads
+# GaLore's 8-bit recipe by 0.126 at 16 x 256 tokens, as float32's leads its recipe (0.122), every seed of three
+# (Python source read once; docs/results.md §3, session 41).
+FIRA_COMPLEMENT: dict[str, Any] = {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale": 1.0,
+                                   "residual_cap": None, "residual_horizon": None}
+PRETRAIN_COMPLEMENT: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {
+    ("plumage", "adamw"): (4096, FIRA_COMPLEMENT), ("plumage", "adamw8bit"): (4096, FIRA_COMPLEMENT),
+}
+
+
+def recommended_residual(spec: OptimizerSpec, options: dict, tokens_per_update: int,
+                         preset: str | None = None) -> dict[str, Any]:
+    """The complement options torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
+    `tokens_per_update`: PRETRAIN_COMPLEMENT's from its threshold up, where no residual option is given and the name
+    is not per-layer; else {} (the class's own: none for plumage_adamw; a preset keeps what it was measured with).
+    The complement names every residual option, so any one of them given stops the derivation."""
+    threshold, complement = PRETRAIN_COMPLEMENT.get((spec.family, spec.backend), (None, {}))
+    if preset is not None or threshold is None or spec.per_layer or complement.keys() & options.keys():
+        return {}
+    return dict(complement) if tokens_per_update >= threshold else {}
+
+
+def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, tokens_per_update: int,
+                                preset: str | None = None) -> int | None:
+    """The v_floor_horizon torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
+    `tokens_per_update` when the flag is not given: PRETRAIN_V_FLOOR_HORIZON's from its threshold up where the floor
+    in effect is 'm2', else None (m2's own warm-up below it; another floor has no warm-up to shape; a preset keeps
+    m2's own, as every preset was measured)."""
+    threshold, horizon = PRETRAIN_V_FLOOR_HORIZON.get((spec.family, spec.backend), (None, None))
+    if preset is not None or threshold is None or tokens_per_update < threshold:
+        return None
+    floor = options.get("v_floor", family_defaults(spec)["v_floor"])
+    return horizon if floor == "m2" else None
