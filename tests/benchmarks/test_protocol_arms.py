@@ -1,6 +1,6 @@
-"""pretrain_protocol's arms as torchrun_main.py reads them: every arm's command parses (a flag a backend refuses fails
-here, not an hour into a sweep), and the arms that measure plumage_adafactor's settings (its default since and until
-session 42, the top-r basis beside it) train as the bare name does with them."""
+"""The protocol's arms (benchmarks/protocol_arms.py) as torchrun_main.py reads them: every arm's command parses (a
+flag a backend refuses fails here, not an hour into a sweep), and the arms that measure plumage_adafactor's settings
+(its default since and until session 42, the top-r basis beside it) train as the bare name does with them."""
 
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "optimizers"))
 import pretrain_protocol  # noqa: E402
 from plumage_flags import with_family_pins  # noqa: E402
+from protocol_arms import ARMS  # noqa: E402
 from test_build_optimizer import _model  # noqa: E402
 
 from galore_plumage.training.config import parse_config  # noqa: E402
 from galore_plumage.training.loop import make_optimizer  # noqa: E402
 
 
-@pytest.mark.parametrize("label", sorted(pretrain_protocol.ARMS))
+@pytest.mark.parametrize("label", sorted(ARMS))
 def test_every_arm_parses(label, tmp_path):
-    optimizer, extra, lrs = pretrain_protocol.ARMS[label]
+    optimizer, extra, lrs = ARMS[label]
     command = pretrain_protocol.command_for(optimizer, extra, 0, lrs[0], pretrain_protocol.parse_args([]), tmp_path)
     config = parse_config(command[2:])  # past the interpreter and torchrun_main.py
     assert config.optimizer == optimizer and config.lr == lrs[0]
@@ -43,7 +44,7 @@ def _trained(argv: list[str]) -> tuple[list[torch.Tensor], list[float]]:
 
 
 def _arm(label: str) -> list[str]:
-    optimizer, extra, _ = pretrain_protocol.ARMS[label]
+    optimizer, extra, _ = ARMS[label]
     return ["--optimizer", optimizer, *with_family_pins(optimizer, extra)]
 
 

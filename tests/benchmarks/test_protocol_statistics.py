@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import pretrain_protocol  # noqa: E402
+import protocol_statistics  # noqa: E402
 
 TRIALS = 2000
 
@@ -26,7 +26,7 @@ def _pairs(generator, n, sd_ratio, correlation=0.85):
 
 def _rejection_rate(sd_ratio, n, alpha):
     generator = torch.Generator().manual_seed(0)
-    return sum(pretrain_protocol.pitman_morgan(*_pairs(generator, n, sd_ratio))[1] < alpha
+    return sum(protocol_statistics.pitman_morgan(*_pairs(generator, n, sd_ratio))[1] < alpha
                for _ in range(TRIALS)) / TRIALS
 
 
@@ -44,9 +44,9 @@ def test_a_doubled_spread_is_detected_on_ten_seeds():
 
 def test_ratio_and_cell():
     reference, arm = [1.0, 2.0, 3.0, 4.0], [1.0, 3.0, 5.0, 7.0]  # sd exactly doubled, perfectly correlated
-    ratio, p = pretrain_protocol.pitman_morgan(reference, arm)
+    ratio, p = protocol_statistics.pitman_morgan(reference, arm)
     assert ratio == pytest.approx(2.0) and p < 1e-6
-    assert pretrain_protocol.spread_test(reference, arm).startswith("2.00 (p = 0.00")
-    assert pretrain_protocol.spread_test(reference, [1.0, math.inf, 2.0, 3.0]) == ""
+    assert protocol_statistics.spread_test(reference, arm).startswith("2.00 (p = 0.00")
+    assert protocol_statistics.spread_test(reference, [1.0, math.inf, 2.0, 3.0]) == ""
     with pytest.raises(ValueError, match="same >= 3 seeds"):
-        pretrain_protocol.pitman_morgan([1.0, 2.0], [1.0, 2.0])
+        protocol_statistics.pitman_morgan([1.0, 2.0], [1.0, 2.0])
