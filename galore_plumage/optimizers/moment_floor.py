@@ -24,8 +24,11 @@ GaLore's recipe fades as its warm-up ends, docs/results.md §3): at 5000 updates
 within seed noise of m2 and H = 5000 behind it. Then shorter: on an H200 at llama_60m, 64 × 256 tokens an update
 (session 35), m2's warm-up left the default 0.087 behind GaLore's recipe, and on the CPU H = 200 is level with m2 at
 8 × 64 tokens an update and ahead of it at 8 × 256 and 16 × 256 (+0.05, +0.03), with the regular group at 2× the
-lr: torchrun_main.py pretrains plumage_adamw(8bit) with H = 200 since session 36 (optimizers.PRETRAIN_V_FLOOR_HORIZON),
+lr: torchrun_main.py pretrains plumage_adamw8bit with H = 200 since session 36 (optimizers.PRETRAIN_V_FLOOR_HORIZON),
 from 2048 tokens an update since session 53: below that m2's own led H = 200 on llama_35m's shape (0.042, three seeds).
+That lead at 8 x 256 was the lr (1e-2): m2's own wants about twice it there, and at 2e-2 it leads H = 200 at 1e-2 on
+llama_35m's shape (0.035, three seeds), so plumage_adamw pretrains with m2's own at 2e-2 from 2048 tokens an update
+since session 56 (optimizers.PRETRAIN_LR).
 The option's default stays None: at one lr H = 200 trailed m2 at 8 × 64 tokens (−0.024 float32, −0.037 8-bit).
 On the H200 again (session 37) H = 200 left the default 0.055 behind GaLore's recipe and no floor 0.008 (level): the
 floor's gain over none falls as the batch grows (+0.034, +0.017, −0.006, −0.047 at 512, 2048, 4096 and 16384 tokens

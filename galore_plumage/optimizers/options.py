@@ -299,8 +299,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("v_floor_horizon", None, "with v_floor='m2': the warm-up it gives the low-rank step lasts about this many "
            "updates (the bound M² (1 − β2^k) / (1 − β_H^k), β_H = 1 − 1/H: the step on a coordinate whose gradient "
            "keeps its sign is lr · √(1 − β_H^t)); None (flag: 'none') = Adam's own 1 / (1 − β2), m2 as it is. "
-           "torchrun_main.py pretrains plumage_adamw(8bit) at 200 from 2048 tokens an update where the flag is not given "
-           "(PRETRAIN_V_FLOOR_HORIZON)",
+           "torchrun_main.py pretrains plumage_adamw8bit at 200 from 2048 tokens an update where the flag is not given "
+           "(PRETRAIN_V_FLOOR_HORIZON); plumage_adamw keeps m2's own there at twice the lr (PRETRAIN_LR)",
            lambda value: check_horizon(value, "m2"), (0, -5, 2.5, True, "1000"), parse=parse_optional_int,
            applies=_needs_adam_moments),
 )

@@ -1,13 +1,13 @@
 """What torchrun_main.py pretrains a name with where no flag says otherwise, as the fair protocol measured it
-(benchmarks/pretrain_protocol.py, docs/results.md §3): the regular group's lr ratio, the floor on Adam's second moment
-and its warm-up, and Fira's complement, each by tokens an update. training/config.py's resolve applies them; the
-Python API (the classes, build_optimizer, run_glue.py) keeps the classes' own settings."""
+(benchmarks/pretrain_protocol.py, docs/results.md §3): the lr and the regular group's lr ratio, the floor on Adam's
+second moment and its warm-up, and Fira's complement, each by tokens an update. training/config.py's resolve applies
+them; the Python API (the classes, build_optimizer, run_glue.py) keeps the classes' own settings."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .registry import OptimizerSpec, family_defaults
+from .registry import OptimizerSpec, family_defaults, recommended_lr
 
 # The regular group's (embeddings, norms, head) peak lr as a multiple of `lr` when torchrun_main.py pretrains: the
 # protocol's best for plumage_adamw on every shape larger than llama_tiny and level on llama_tiny (docs/results.md §3,
@@ -28,19 +28,38 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
     return PRETRAIN_REGULAR_LR_RATIO.get((spec.family, spec.backend), 1.0)
 
 
+# The peak lr torchrun_main.py pretrains a name with where --lr is not given, as (from this many tokens an update up,
+# lr), while the floor in effect is m2 with its own ~1000-update warm-up (no v_floor_horizon given or derived); else
+# the name's recommended_lr. The warm-up damps each sign-steady coordinate's step, and from 2,048 tokens an update
+# m2's own wants twice the library's lr: at 2e-2 it leads the 200-update warm-up at 1e-2 (the default of sessions
+# 36-55) by 0.035 on llama_35m's shape (three seeds, every seed) and is level on llama_tiny (+0.010, three seeds;
+# docs/results.md §3, sessions 55-56); each at its own best lr the two are level on llama_tiny, m2's own ahead on
+# llama_35m's shape. From 4,096 tokens an update there is no floor (PRETRAIN_NO_FLOOR_FROM_TOKENS): the library's lr.
+PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (2048, 2e-2)}
+
+
+def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_update: int,
+                            preset: str | None = None) -> float:
+    """The lr torchrun_main.py gives a name (under `preset`, with the low-rank `options` in effect, the derived
+    v_floor included) at `tokens_per_update` when --lr is not given: PRETRAIN_LR's from its threshold up where the
+    floor is m2 with its own warm-up, else recommended_lr (a preset keeps the lr it was measured with)."""
+    threshold, lr = PRETRAIN_LR.get((spec.family, spec.backend), (None, None))
+    floor = options.get("v_floor", family_defaults(spec)["v_floor"])
+    if preset is None and threshold is not None and tokens_per_update >= threshold and floor == "m2" \
+            and options.get("v_floor_horizon") is None:
+        return lr
+    return recommended_lr(spec, preset)
+
+
 # The floor's warm-up (v_floor_horizon, optimizers/moment_floor.py) when torchrun_main.py pretrains, as (from this many
-# tokens an update up, horizon): 200 updates from 2048 tokens instead of m2's ~1000, with the regular group at
-# 2x the lr (above). plumage_adamw: ahead of m2 at 8 x 256 and 16 x 256 tokens an update (+0.05, +0.03), where m2 fell
-# behind GaLore's recipe as on a GPU at 64 x 256; plumage_adamw8bit: +0.070 at 8 x 256 over m2 at one lr (three seeds
-# each; docs/results.md §3, sessions 35-36). Below that m2's own, for both: at 8 x 64 tokens 200 was level with it on
-# llama_tiny (float32 -0.006; 8-bit +0.007 over m2 at one lr, whose 2x alone gained 0.012), and float32's behind it
-# on every seed of three, each at its own best lr, on llama_35m's shape (0.042) and on Python source (0.014; session 53).
-# The threshold is llama_tiny's, and the gain is at the library's lr 1e-2: each at its own best lr at 8 x 256 the two
-# are level on llama_tiny (200 at 1.4e-2, m2 at 2.8e-2, three seeds) and m2 leads on llama_35m's shape (+0.037 at 2e-2,
-# seed 0; session 55): m2 wants a larger lr there (README, Limitations). The option's default stays None elsewhere (the
-# classes, build_optimizer, run_glue.py).
-PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw"): (2048, 200),
-                                                                    ("plumage", "adamw8bit"): (2048, 200)}
+# tokens an update up, horizon): plumage_adamw8bit's 200 updates from 2048 tokens instead of m2's ~1000, with the
+# regular group at 2x the lr (above): +0.070 at 8 x 256 over m2 at one lr (three seeds; docs/results.md §3, session
+# 36); below that m2's own (+0.007 for the 200 at 8 x 64 tokens, where m2's 2x alone gained 0.012). plumage_adamw had the
+# same from session 36 to 55 (ahead of m2's own at 8 x 256 and 16 x 256 at the library's lr 1e-2, +0.05 and +0.03);
+# each at its own best lr the two were level on llama_tiny and m2's own led on llama_35m's shape (session 55), so it
+# now keeps m2's own at twice the lr (PRETRAIN_LR above; docs/results.md §3, session 56). 8-bit's 200 stays until the
+# same comparison is run on it. The option's default stays None elsewhere (the classes, build_optimizer, run_glue.py).
+PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw8bit"): (2048, 200)}
 
 
 # Where torchrun_main.py pretrains without the floor: from this many tokens an update (total_batch_size x max_length)

@@ -26,7 +26,9 @@ from ..optimizers import (
 )
 from ..optimizers.options import BY_KEY, OPTIONS
 from ..optimizers.pretrain_defaults import (
+    PRETRAIN_LR,
     PRETRAIN_REGULAR_LR_RATIO,
+    recommended_pretrain_lr,
     recommended_regular_lr_ratio,
     recommended_residual,
     recommended_v_floor,
@@ -40,7 +42,6 @@ from ..optimizers.registry import (
     family_defaults,
     list_optimizers,
     optimizer_spec,
-    recommended_lr,
 )
 from ..projectors import list_projectors
 from ..projectors.modes import PROJ_TYPES
@@ -68,7 +69,10 @@ BATCH_LAYOUT = frozenset({"world_size", "batch_size", "gradient_accumulation"})
 
 def _recommended_lrs() -> str:
     named = [f"{family}_{backend}: {lr:g}" for (family, backend), lr in RECOMMENDED_LR.items()]
-    return (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
+    banded = [f"{family}_{backend} {lr:g} from {tokens} tokens an update while the floor is m2 with its own warm-up"
+              for (family, backend), (tokens, lr) in PRETRAIN_LR.items()]
+    listed = (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
+    return listed + (" (pretraining: " + ", ".join(banded) + "; optimizers.PRETRAIN_LR)" if banded else "")
 
 
 def _plumage_scales() -> str:
@@ -249,15 +253,14 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     c = dataclasses.replace(config, world_size=world_size)
     if c.eval_tokens is None:
         c.eval_tokens = LOCAL_EVAL_TOKENS if c.dataset == BUNDLED or is_local_file(c.dataset) else STREAMED_EVAL_TOKENS
-    if c.lr is None:
-        c.lr = recommended_lr(optimizer_spec(c.optimizer), c.preset)
     _check_numbers(c)
     _check_combinations(c, world_size)
-    _derive_regular_lr(c)
     _derive_batch(c, world_size)
     _derive_v_floor(c)
     _derive_v_floor_horizon(c)
     _derive_residual(c)
+    _derive_lr(c)
+    _derive_regular_lr(c)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
         c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
@@ -286,7 +289,7 @@ def _check_numbers(c: TrainConfig) -> None:
         if value is not None and not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}")
     for name in ("lr", "weight_decay", "grad_clipping", "warmup_steps", "workers"):
-        if getattr(c, name) < 0:
+        if getattr(c, name) is not None and getattr(c, name) < 0:  # lr None: derived after the batch
             raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
     if not 0.0 <= c.min_lr_ratio <= 1.0:
         raise ValueError(f"--min_lr_ratio must be in [0, 1], got {c.min_lr_ratio}")
@@ -322,6 +325,13 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
     if per_layer and world_size > 1:
         raise ValueError(f"--optimizer {c.optimizer} steps each weight inside its gradient hook, before DDP has "
                          f"all-reduced that gradient; run it on one process (--single_gpu), not {world_size}")
+
+
+def _derive_lr(c: TrainConfig) -> None:
+    """The lr the optimizer pretrains with at this many tokens an update and the floor in effect
+    (optimizers.PRETRAIN_LR, else its recommended lr), unless --lr was given."""
+    if c.lr is None:
+        c.lr = recommended_pretrain_lr(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset)
 
 
 def _derive_regular_lr(c: TrainConfig) -> None:
@@ -424,6 +434,10 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
             hint = ""
             if key == "v_floor_horizon" and key not in saved_options:
                 hint = "; m2's own warm-up: --v_floor_horizon none"
+            elif key == "v_floor_horizon" and options.get("v_floor", defaults.get("v_floor")) == "m2":
+                # plumage_adamw's 200 of sessions 36-55, now m2's own at twice the lr (PRETRAIN_LR): the flag brings
+                # the lr back too
+                hint = f"; as it ran, at the lr it ran at: --v_floor_horizon {saved_options[key]}"
             elif key == "v_floor" and key not in saved_options:
                 hint = f"; the floor it ran with: --v_floor_horizon {saved_options.get('v_floor_horizon') or 'none'}"
             elif key == "residual" and key not in saved_options:  # before session 38 no complement at any batch

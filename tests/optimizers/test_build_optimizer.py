@@ -319,26 +319,26 @@ def test_the_plumage_adamw_default_is_the_protocols_galore_plus_floor_arm():
     assert any(not torch.equal(a, b) for a, b in zip(weights[0], [p for p in _model().parameters()], strict=True))
 
 
-@pytest.mark.parametrize("shape, horizon", [
-    ([], ["--v_floor_horizon", "200"]),  # 8 x 256 = 2048 tokens an update: the 200-update warm-up (session 36)
-    (["--max_length", "64"], []),  # 512 tokens: m2's own warm-up (session 53), galore_recipe_vfloor_gram_ratio2
+@pytest.mark.parametrize("shape, lr", [
+    ([], 2e-2),  # 8 x 256 = 2048 tokens an update: m2's own warm-up at twice the library's lr (session 56)
+    (["--max_length", "64"], 1e-2),  # 512 tokens: the library's lr (session 53)
 ])
-def test_the_pretraining_default_is_the_protocols_ratio2_arm(shape, horizon):
+def test_the_pretraining_default_is_the_protocols_ratio2_arm(shape, lr):
     """torchrun_main.py gives plumage_adamw's regular group 2x its lr (session 33): its command line and the protocol's
-    arm galore_recipe_vfloor_h200_gram_ratio2 (galore_adamw ... --v_floor_horizon 200 --regular_lr_ratio 2, session 36;
-    from 2048 tokens an update) or galore_recipe_vfloor_gram_ratio2 (below) build the same groups, lrs, scale and
-    floor; the test above shows that the rest (the solver 'auto' resolves to) takes the same steps."""
+    arm galore_recipe_vfloor_gram_ratio2 (galore_adamw ... --v_floor m2 --regular_lr_ratio 2, at 2e-2 from 2048 tokens
+    an update, optimizers.PRETRAIN_LR, and 1e-2 below) build the same groups, lrs, scale and floor; the test above
+    shows that the rest (the solver 'auto' resolves to) takes the same steps."""
     from galore_plumage.training.config import parse_config
     from galore_plumage.training.loop import make_optimizer
 
     groups = []
     for argv in (["--optimizer", "plumage_adamw"], ["--optimizer", "galore_adamw", "--galore_scale", "0.25", "--v_floor",
-                                                     "m2", *horizon, "--solver", "gram", "--lr", "1e-2",
+                                                     "m2", "--solver", "gram", "--lr", f"{lr:g}",
                                                      "--regular_lr_ratio", "2"]):
         optimizer = make_optimizer(parse_config(["--rank", "4", *shape, *argv]), _model())
         groups.append([(len(g["params"]), g["lr"], g.get("rank"), g["scale"],
                         *((g["v_floor"], g["v_floor_horizon"]) if "rank" in g else ()))  # a floor acts on low rank only
                        for g in optimizer.param_groups])
     assert groups[0] == groups[1]
-    assert groups[0][1][-1] == (200 if horizon else None)
-    assert [lr for _, lr, *_ in groups[0]] == [2e-2, 1e-2]  # the regular group first, at 2x
+    assert groups[0][1][-2:] == ("m2", None)
+    assert [lr for _, lr, *_ in groups[0]] == [2 * lr, lr]  # the regular group first, at 2x

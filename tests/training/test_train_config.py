@@ -265,12 +265,12 @@ def test_out_of_range_values_name_the_flag(argv, message):
 
 
 @pytest.mark.parametrize(("argv", "lr", "regular_lr"), [
-    ([], 1e-2, 2e-2),  # plumage_adamw pretrains with its regular group at 2x its lr (sessions 32-33)
+    ([], 2e-2, 4e-2),  # plumage_adamw pretrains with its regular group at 2x its lr (sessions 32-33)
     (["--lr", "5e-3"], 5e-3, 1e-2),  # the ratio follows a given lr
-    (["--optimizer", "plumage_adamw_per_layer"], 1e-2, 2e-2),
-    (["--regular_lr_ratio", "3"], 1e-2, 3e-2),
-    (["--regular_lr_ratio", "1"], 1e-2, None),  # one lr: no group of its own, as GaLore's script
-    (["--regular_lr", "4e-3"], 1e-2, 4e-3),  # an absolute lr wins
+    (["--optimizer", "plumage_adamw_per_layer"], 2e-2, 4e-2),
+    (["--regular_lr_ratio", "3"], 2e-2, 6e-2),
+    (["--regular_lr_ratio", "1"], 2e-2, None),  # one lr: no group of its own, as GaLore's script
+    (["--regular_lr", "4e-3"], 2e-2, 4e-3),  # an absolute lr wins
     (["--preset", "paper"], 1e-3, None),  # a preset keeps the one lr it was measured with
     (["--preset", "sampled"], 1e-2, None),
     (["--optimizer", "galore_adamw"], 1e-3, None),  # GaLore's recipe: one lr
@@ -286,12 +286,37 @@ def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr)
     assert config.regular_lr == (None if regular_lr is None else pytest.approx(regular_lr))
 
 
+@pytest.mark.parametrize("argv, lr", [
+    ([], 2e-2),  # 8 x 256 = 2048 tokens an update, m2's own warm-up: twice the library's lr (session 56)
+    (["--optimizer", "plumage_adamw_per_layer"], 2e-2),
+    (["--v_floor_horizon", "none"], 2e-2),  # m2's own warm-up, given as a value
+    (["--v_floor", "m2"], 2e-2),
+    (["--v_floor_horizon", "200"], 1e-2),  # another warm-up: the library's lr, as it was measured (sessions 36-55)
+    (["--v_floor", "none"], 1e-2),  # no floor: no warm-up to make up for
+    (["--v_floor", "m2_corrected"], 1e-2),
+    (["--max_length", "64"], 1e-2),  # 512 tokens an update: the library's lr
+    (["--max_length", "128", "--batch_size", "15"], 1e-2),  # 1920: just below the threshold
+    (["--max_length", "64", "--batch_size", "8", "--total_batch_size", "32"], 2e-2),  # accumulated: tokens an update
+    (["--batch_size", "16"], 1e-2),  # 4096: no floor (PRETRAIN_NO_FLOOR_FROM_TOKENS)
+    (["--batch_size", "16", "--v_floor", "m2"], 2e-2),  # a floor given there keeps its own warm-up
+    (["--lr", "5e-3"], 5e-3),  # a given lr wins
+    (["--optimizer", "plumage_adamw8bit"], 1e-2),  # 8-bit keeps its 200-update warm-up, at the library's lr
+    (["--preset", "paper"], 1e-3),  # a preset keeps the lr it was measured with
+    (["--optimizer", "galore_adamw"], 1e-3),
+])
+def test_the_lr_defaults_to_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
+    """optimizers.PRETRAIN_LR: from 2048 tokens an update, where the floor in effect is m2 with its own warm-up,
+    plumage_adamw pretrains at 2e-2; everywhere else at the optimizer's recommended lr."""
+    assert parse_config(argv).lr == pytest.approx(lr)
+
+
 @pytest.mark.parametrize("argv, horizon", [
-    ([], 200),  # plumage_adamw pretrains with the floor's warm-up over 200 updates (session 36)
-    (["--optimizer", "plumage_adamw_per_layer"], 200),
+    ([], "absent"),  # plumage_adamw pretrains with m2's own warm-up at twice the lr (session 56; 200 in 36-55)
+    (["--optimizer", "plumage_adamw_per_layer"], "absent"),
     (["--v_floor_horizon", "500"], 500),
     (["--v_floor_horizon", "none"], None),  # m2's own warm-up, given as a value
-    (["--v_floor", "m2"], 200),
+    (["--v_floor", "m2"], "absent"),
+    (["--optimizer", "plumage_adamw8bit_per_layer"], 200),
     (["--v_floor", "none"], "absent"),  # no floor: no warm-up to shape
     (["--v_floor", "m2_corrected"], "absent"),
     (["--preset", "paper"], "absent"),  # a preset keeps what it was measured with
@@ -302,7 +327,7 @@ def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr)
 ])
 def test_the_floors_warm_up_defaults_to_the_optimizers_pretraining_horizon(argv, horizon):
     """optimizers.PRETRAIN_V_FLOOR_HORIZON: filled into the options when the flag is not given and the floor is m2
-    (at the default 8 x 256 = 2048 tokens an update)."""
+    (at the default 8 x 256 = 2048 tokens an update): plumage_adamw8bit's 200 updates; plumage_adamw has none."""
     options = parse_config(argv).low_rank
     assert options.get("v_floor_horizon", "absent") == horizon
 
@@ -310,9 +335,11 @@ def test_the_floors_warm_up_defaults_to_the_optimizers_pretraining_horizon(argv,
 @pytest.mark.parametrize("argv, horizon", [
     (["--max_length", "64"], "absent"),  # 8 x 64 = 512 tokens an update: m2's own warm-up (session 53)
     (["--max_length", "128", "--batch_size", "15"], "absent"),  # 1920: just below the threshold
-    (["--max_length", "64", "--batch_size", "32"], 200),  # 2048 tokens: the 200-update warm-up
-    (["--max_length", "64", "--batch_size", "8", "--total_batch_size", "32"], 200),  # accumulated: tokens an update
-    (["--max_length", "64", "--optimizer", "plumage_adamw8bit"], "absent"),  # 8-bit likewise
+    (["--max_length", "64", "--batch_size", "32", "--optimizer", "plumage_adamw8bit"], 200),  # 2048 tokens: 8-bit's 200
+    (["--max_length", "64", "--batch_size", "8", "--total_batch_size", "32", "--optimizer", "plumage_adamw8bit"],
+     200),  # accumulated: tokens an update
+    (["--max_length", "64", "--optimizer", "plumage_adamw8bit"], "absent"),
+    (["--max_length", "64", "--batch_size", "32"], "absent"),  # plumage_adamw: m2's own at every batch
     (["--max_length", "64", "--v_floor_horizon", "200"], 200),  # a warm-up given is kept
     (["--max_length", "64", "--v_floor", "m2"], "absent"),
 ])
@@ -325,8 +352,8 @@ def test_below_2048_tokens_an_update_the_floor_keeps_m2s_own_warm_up(argv, horiz
 @pytest.mark.parametrize("argv, floor, horizon", [
     (["--batch_size", "16"], "none", "absent"),  # 16 x 256 = 4096 tokens an update: no floor (session 37)
     (["--batch_size", "8", "--total_batch_size", "64"], "none", "absent"),  # accumulated: tokens an update count
-    (["--batch_size", "16", "--max_length", "128"], "absent", 200),  # 2048 tokens: the floor's 200-update warm-up
-    (["--batch_size", "16", "--v_floor", "m2"], "m2", 200),  # a floor given is kept, with the pretraining warm-up
+    (["--batch_size", "16", "--max_length", "128"], "absent", "absent"),  # 2048 tokens: the floor, m2's own warm-up
+    (["--batch_size", "16", "--v_floor", "m2"], "m2", "absent"),  # a floor given is kept
     (["--batch_size", "16", "--v_floor_horizon", "300"], "absent", 300),  # a warm-up given keeps the floor
     (["--batch_size", "16", "--v_floor_horizon", "none"], "absent", None),
     (["--batch_size", "16", "--optimizer", "plumage_adamw8bit"], "none", "absent"),  # 8-bit too (session 41)
@@ -444,18 +471,35 @@ def test_an_adafactor_checkpoint_from_before_session_42_resumes_at_one_lr():
     assert resume_conflicts(saved, parse_config([*adafactor, "--regular_lr_ratio", "1"])) == []
 
 
-def test_a_checkpoint_from_before_the_horizon_resumes_with_m2s_own_warm_up():
-    """A plumage_adamw run saved before session 36 warmed its floor up over ~1000 updates (no horizon in its options);
-    the conflict names the flag that resumes it as it was, and that flag clears it."""
+def test_a_checkpoint_from_sessions_36_to_55_resumes_with_its_warm_up_and_lr():
+    """A plumage_adamw run at 2048 tokens an update saved in sessions 36-55 warmed its floor up over 200 updates at the
+    library's lr 1e-2; today's default is m2's own warm-up at 2e-2 (PRETRAIN_LR). The conflicts name the one flag that
+    resumes it as it ran (the lr follows the warm-up), and that flag clears them."""
     from dataclasses import asdict
 
     from galore_plumage.training.config import resume_conflicts
 
-    saved = asdict(parse_config([]))
-    del saved["low_rank"]["v_floor_horizon"]
-    (conflict,) = resume_conflicts(saved, parse_config([]))
-    assert conflict == "--v_floor_horizon 200 (the checkpoint: not given; m2's own warm-up: --v_floor_horizon none)"
-    assert resume_conflicts(saved, parse_config(["--v_floor_horizon", "none"])) == []
+    saved = asdict(parse_config(["--v_floor_horizon", "200"]))
+    assert (saved["lr"], saved["low_rank"]) == (1e-2, {"v_floor_horizon": 200})
+    assert resume_conflicts(saved, parse_config([])) == [
+        "--lr 0.02 (the checkpoint: 0.01)",
+        "--regular_lr 0.04 (the checkpoint: 0.02)",
+        "--v_floor_horizon not given (the checkpoint: 200; as it ran, at the lr it ran at: --v_floor_horizon 200)"]
+    assert resume_conflicts(saved, parse_config(["--v_floor_horizon", "200"])) == []
+
+
+def test_a_checkpoint_from_before_session_36_resumes_at_its_lr():
+    """A plumage_adamw run saved before session 36 had m2's own warm-up, as today's default, but at lr 1e-2: the
+    conflicts name the lr, and giving it clears them."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = asdict(parse_config(["--lr", "1e-2"]))
+    assert saved["low_rank"] == {}
+    assert resume_conflicts(saved, parse_config([])) == ["--lr 0.02 (the checkpoint: 0.01)",
+                                                         "--regular_lr 0.04 (the checkpoint: 0.02)"]
+    assert resume_conflicts(saved, parse_config(["--lr", "1e-2"])) == []
 
 
 # ----------------------------------------------------------------- defaults
@@ -526,5 +570,5 @@ def test_a_checkpoint_from_before_the_ratio_resumes_with_one_lr():
     saved = asdict(parse_config(["--regular_lr_ratio", "1"]))
     del saved["regular_lr_ratio"]  # the checkpoint predates the flag
     (conflict,) = resume_conflicts(saved, parse_config([]))
-    assert conflict == "--regular_lr 0.02 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
+    assert conflict == "--regular_lr 0.04 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
     assert resume_conflicts(saved, parse_config(["--regular_lr_ratio", "1"])) == []
