@@ -434,7 +434,8 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
             hint = ""
             if key == "v_floor_horizon" and key not in saved_options:
                 hint = "; m2's own warm-up: --v_floor_horizon none"
-            elif key == "v_floor_horizon" and options.get("v_floor", defaults.get("v_floor")) == "m2":
+            elif (key == "v_floor_horizon" and key not in options
+                  and options.get("v_floor", defaults.get("v_floor")) == "m2"):
                 # plumage_adamw's 200 of sessions 36-55, now m2's own at twice the lr (PRETRAIN_LR): the flag brings
                 # the lr back too
                 hint = f"; as it ran, at the lr it ran at: --v_floor_horizon {saved_options[key]}"
