@@ -38,15 +38,19 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
 PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (2048, 2e-2)}
 
 
+def _floor_in_effect(spec: OptimizerSpec, options: dict) -> str:
+    """The v_floor a name runs with under the low-rank `options` given: theirs, else its family's."""
+    return options.get("v_floor", family_defaults(spec)["v_floor"])
+
+
 def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_update: int,
                             preset: str | None = None) -> float:
     """The lr torchrun_main.py gives a name (under `preset`, with the low-rank `options` in effect, the derived
     v_floor included) at `tokens_per_update` when --lr is not given: PRETRAIN_LR's from its threshold up where the
     floor is m2 with its own warm-up, else recommended_lr (a preset keeps the lr it was measured with)."""
     threshold, lr = PRETRAIN_LR.get((spec.family, spec.backend), (None, None))
-    floor = options.get("v_floor", family_defaults(spec)["v_floor"])
-    if preset is None and threshold is not None and tokens_per_update >= threshold and floor == "m2" \
-            and options.get("v_floor_horizon") is None:
+    if preset is None and threshold is not None and tokens_per_update >= threshold \
+            and _floor_in_effect(spec, options) == "m2" and options.get("v_floor_horizon") is None:
         return lr
     return recommended_lr(spec, preset)
 
@@ -57,8 +61,9 @@ def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_updat
 # 36); below that m2's own (+0.007 for the 200 at 8 x 64 tokens, where m2's 2x alone gained 0.012). plumage_adamw had the
 # same from session 36 to 55 (ahead of m2's own at 8 x 256 and 16 x 256 at the library's lr 1e-2, +0.05 and +0.03);
 # each at its own best lr the two were level on llama_tiny and m2's own led on llama_35m's shape (session 55), so it
-# now keeps m2's own at twice the lr (PRETRAIN_LR above; docs/results.md §3, session 56). 8-bit's 200 stays until the
-# same comparison is run on it. The option's default stays None elsewhere (the classes, build_optimizer, run_glue.py).
+# now keeps m2's own at twice the lr (PRETRAIN_LR above; docs/results.md §3, session 56). 8-bit keeps the 200: on it
+# m2's own at 2e-2 trailed the 200 at 1e-2 on llama_tiny at 8 x 256 (-0.012, every seed of three; session 56). The
+# option's default stays None elsewhere (the classes, build_optimizer, run_glue.py).
 PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw8bit"): (2048, 200)}
 
 
@@ -123,5 +128,4 @@ def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, tokens_per_u
     threshold, horizon = PRETRAIN_V_FLOOR_HORIZON.get((spec.family, spec.backend), (None, None))
     if preset is not None or threshold is None or tokens_per_update < threshold:
         return None
-    floor = options.get("v_floor", family_defaults(spec)["v_floor"])
-    return horizon if floor == "m2" else None
+    return horizon if _floor_in_effect(spec, options) == "m2" else None
