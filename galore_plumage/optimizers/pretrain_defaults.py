@@ -64,8 +64,9 @@ def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_updat
 # now keeps m2's own at twice the lr (PRETRAIN_LR above; docs/results.md §3, session 56). 8-bit keeps the 200: on it
 # m2's own at 2e-2 trailed the 200 at 1e-2 on llama_tiny at 8 x 256 (-0.012, every seed of three; session 56), and each
 # at its bracketed best lr (the 200 at 1.4e-2, m2's own at 2.8e-2) the two are level there (-0.006, three seeds; session
-# 58); on llama_35m's shape m2's own at 2e-2 leads it by 0.030 (seed 0 only, session 58), as in float32. The option's
-# default stays None elsewhere (the classes, build_optimizer, run_glue.py).
+# 58), and on llama_35m's shape too (the 200 at 1.4e-2, m2's own at 2e-2: +0.009 for m2's own, t = 0.8, three seeds;
+# session 59), where float32's m2's own led by 0.035. The option's default stays None elsewhere (the classes,
+# build_optimizer, run_glue.py).
 PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw8bit"): (2048, 200)}
 
 
