@@ -35,6 +35,8 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
 # 36-55) by 0.035 on llama_35m's shape (three seeds, every seed) and is level on llama_tiny (+0.010, three seeds;
 # docs/results.md §3, sessions 55-56); each at its own best lr the two are level on llama_tiny, m2's own ahead on
 # llama_35m's shape. From 4,096 tokens an update there is no floor (PRETRAIN_NO_FLOOR_FROM_TOKENS): the library's lr.
+# plumage_adamw8bit has no entry: its 200-update warm-up (PRETRAIN_V_FLOOR_HORIZON) at 1.4e-2 is level with the
+# library's 1e-2 over the two models (+0.011 on llama_35m's shape, -0.007 on llama_tiny, three seeds each; sessions 60-61).
 PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (2048, 2e-2)}
 
 
