@@ -4,7 +4,9 @@ repository elsewhere (its output folder named under that copy's root); any other
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -79,3 +81,42 @@ def test_a_plumage_run_recorded_before_its_family_was_pinned_is_reused_only_at_t
     assert with_family_pins("plumage_adamw", ["--regular_lr", "2e-2"])[-2:] == ["--solver", "svd"]
     ratio_pinned = [*old[:6], "--projector", "plumage", "--regular_lr_ratio", "2", *old[6:]]
     assert run_or_reuse(ratio_pinned, out, _result, "arm", report_only=True) is None
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_run_another_live_process_is_making_is_waited_for_then_reused(tmp_path, monkeypatch):
+    """Two queues reaching one run (session 62: a pinned arm's seed 0 runs in every queue naming it) must not both
+    remove its folder and write one metrics file: the second waits for the first's lock, then reuses its run."""
+    import run_cache
+
+    monkeypatch.setattr(run_cache, "POLL_S", 0.05)
+    out = tmp_path / "runs" / "arm" / "seed0"
+    command = [sys.executable, "-c", "raise SystemExit(3)"]  # the waiter running it itself would fail
+    finish = (f"import json, pathlib, time; time.sleep(0.5); out = pathlib.Path({str(out)!r}); out.mkdir(parents=True); "
+              f"(out / 'result.txt').write_text('4.9'); (out / 'command.json').write_text(json.dumps({command[1:]!r}))")
+    holder = subprocess.Popen([sys.executable, "-c", finish])
+    threading.Thread(target=holder.wait, daemon=True).start()  # reaped when it ends: a zombie's pid answers kill(0)
+    out.parent.mkdir(parents=True)
+    (out.parent / "seed0.running").write_text(str(holder.pid))
+    assert run_or_reuse(command, out, _result, "arm") == 4.9
+    assert holder.poll() is not None  # it returned only once the holder had finished
+    assert not (out.parent / "seed0.running").exists()  # the dead holder's lock, taken over, then released
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_and_released(tmp_path, monkeypatch):
+    import run_cache
+
+    monkeypatch.setattr(run_cache, "POLL_S", 0.05)
+    out = tmp_path / "runs" / "arm" / "seed0"
+    out.parent.mkdir(parents=True)
+    lock = out.parent / "seed0.running"
+    lock.write_text(str(_dead_pid()))
+    write = [sys.executable, "-c", f"import pathlib; pathlib.Path({str(out / 'result.txt')!r}).write_text('5.1')"]
+    assert run_or_reuse(write, out, _result, "arm", keep_stderr=True) == 5.1
+    assert not lock.exists()
+    assert json.loads((out / "command.json").read_text()) == write[1:]
