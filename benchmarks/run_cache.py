@@ -98,7 +98,7 @@ def _holder(lock: Path) -> int | None:
     except ProcessLookupError:
         return None
     except PermissionError:  # alive, another user's
-        return pid
+        pass
     return pid
 
 
