@@ -26,6 +26,7 @@ from ..optimizers import (
 )
 from ..optimizers.options import BY_KEY, OPTIONS
 from ..optimizers.pretrain_defaults import (
+    PRETRAIN_LONG_RUN_LR,
     PRETRAIN_LR,
     PRETRAIN_REGULAR_LR_RATIO,
     recommended_pretrain_lr,
@@ -71,8 +72,11 @@ def _recommended_lrs() -> str:
     named = [f"{family}_{backend}: {lr:g}" for (family, backend), lr in RECOMMENDED_LR.items()]
     banded = [f"{family}_{backend} {lr:g} from {tokens} tokens an update while the floor is m2 with its own warm-up"
               for (family, backend), (tokens, lr) in PRETRAIN_LR.items()]
+    banded += [f"{family}_{backend} x{factor:g} below {tokens} tokens an update from {updates} updates while the floor "
+               "is m2 with its own warm-up" for (family, backend), (tokens, updates, factor) in PRETRAIN_LONG_RUN_LR.items()]
     listed = (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
-    return listed + (" (pretraining: " + ", ".join(banded) + "; optimizers.PRETRAIN_LR)" if banded else "")
+    return listed + (" (pretraining: " + ", ".join(banded) + "; optimizers.PRETRAIN_LR, PRETRAIN_LONG_RUN_LR)"
+                     if banded else "")
 
 
 def _plumage_scales() -> str:
@@ -259,11 +263,11 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     _derive_v_floor(c)
     _derive_v_floor_horizon(c)
     _derive_residual(c)
-    _derive_lr(c)
-    _derive_regular_lr(c)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
         c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
+    _derive_lr(c)
+    _derive_regular_lr(c)
     if c.warmup_steps >= c.num_training_steps and c.scheduler != "constant":
         raise ValueError(f"--warmup_steps {c.warmup_steps} leaves no room for the {c.scheduler} decay in "
                          f"{c.num_training_steps} updates; lower it (10% of the run is usual)")
@@ -328,10 +332,11 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
 
 
 def _derive_lr(c: TrainConfig) -> None:
-    """The lr the optimizer pretrains with at this many tokens an update and the floor in effect
-    (optimizers.PRETRAIN_LR, else its recommended lr), unless --lr was given."""
+    """The lr the optimizer pretrains with at this many tokens an update, the floor in effect and the run's length
+    (optimizers.PRETRAIN_LR, else its recommended lr; optimizers.PRETRAIN_LONG_RUN_LR), unless --lr was given."""
     if c.lr is None:
-        c.lr = recommended_pretrain_lr(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset)
+        c.lr = recommended_pretrain_lr(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset,
+                                       num_updates=c.num_training_steps)
 
 
 def _derive_regular_lr(c: TrainConfig) -> None:

@@ -18,6 +18,10 @@ from galore_plumage.projectors.modes import PROJ_TYPES
 from galore_plumage.training.config import TrainConfig, build_parser, parse_config, parse_token_count
 from galore_plumage.training.loop import optimizer_options
 
+# a run shorter than optimizers.PRETRAIN_LONG_RUN_LR's 1000 updates: its batch's lr, unscaled at 512 tokens an update
+SHORT_RUN = ["--num_training_steps", "600", "--warmup_steps", "60"]
+SMALL_BATCH = ["--max_length", "64"]  # 8 x 64 = 512 tokens an update
+
 # flag -> (argv, field, expected value): one run of each GaLore flag and each of ours with a non-default value
 GALORE_FLAGS = {
     "model_config": (["--model_config", "configs/llama_micro.json"], "configs/llama_micro.json"),
@@ -306,7 +310,31 @@ def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr)
 ])
 def test_the_lr_defaults_to_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
     """optimizers.PRETRAIN_LR: from 2048 tokens an update, where the floor in effect is m2 with its own warm-up,
-    plumage_adamw pretrains at 2e-2; everywhere else at the optimizer's recommended lr."""
+    plumage_adamw pretrains at 2e-2; everywhere else at the optimizer's recommended lr (runs of 600 updates)."""
+    assert parse_config([*SHORT_RUN, *argv]).lr == pytest.approx(lr)
+
+
+@pytest.mark.parametrize("argv, lr", [
+    (SMALL_BATCH, 7e-3),  # GaLore's 10,000 updates at 512 tokens an update: 0.7 x 1e-2
+    ([*SMALL_BATCH, "--num_training_steps", "1000", "--warmup_steps", "100"], 7e-3),  # the threshold
+    ([*SMALL_BATCH, "--num_training_steps", "999", "--warmup_steps", "100"], 1e-2),  # just below it
+    ([*SMALL_BATCH, "--max_train_tokens", "512000", "--warmup_steps", "100"], 7e-3),  # 1000 updates of 512 tokens
+    ([*SMALL_BATCH, "--max_train_tokens", "511488", "--warmup_steps", "100"], 1e-2),  # 999
+    (["--max_length", "128", "--batch_size", "15"], 7e-3),  # 1920 tokens: just below the band's ceiling
+    ([], 2e-2),  # 2048 tokens an update: PRETRAIN_LR's 2e-2 at any length (level with 1.4e-2 at 1000 updates)
+    ([*SMALL_BATCH, "--optimizer", "plumage_adamw_per_layer"], 7e-3),
+    ([*SMALL_BATCH, "--v_floor", "m2"], 7e-3),
+    ([*SMALL_BATCH, "--v_floor_horizon", "200"], 1e-2),  # another warm-up: no factor, as it was measured
+    ([*SMALL_BATCH, "--v_floor", "none"], 1e-2),  # no floor: no warm-up to outlast
+    ([*SMALL_BATCH, "--optimizer", "plumage_adamw8bit"], 1e-2),  # not measured on 8-bit
+    ([*SMALL_BATCH, "--preset", "sampled"], 1e-2),  # a preset keeps the lr it was measured with
+    ([*SMALL_BATCH, "--optimizer", "galore_adamw"], 1e-3),
+    ([*SMALL_BATCH, "--lr", "1e-2"], 1e-2),  # a given lr wins
+])
+def test_a_long_run_scales_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
+    """optimizers.PRETRAIN_LONG_RUN_LR: below 2048 tokens an update, from 1000 updates (--num_training_steps, or
+    --max_train_tokens over the tokens an update), where the floor in effect is m2 with its own warm-up, plumage_adamw
+    pretrains at 0.7 x the library's lr."""
     assert parse_config(argv).lr == pytest.approx(lr)
 
 
@@ -500,6 +528,20 @@ def test_a_checkpoint_from_before_session_36_resumes_at_its_lr():
     assert resume_conflicts(saved, parse_config([])) == ["--lr 0.02 (the checkpoint: 0.01)",
                                                          "--regular_lr 0.04 (the checkpoint: 0.02)"]
     assert resume_conflicts(saved, parse_config(["--lr", "1e-2"])) == []
+
+
+def test_a_long_run_from_before_session_64_resumes_at_its_lr():
+    """A plumage_adamw run of 1000 updates or more below 2048 tokens an update saved before session 64 ran at the
+    library's 1e-2; today's default there is 0.7 x 1e-2 (PRETRAIN_LONG_RUN_LR). The conflicts name the lr, and giving
+    it clears them."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = asdict(parse_config([*SMALL_BATCH, "--lr", "1e-2"]))  # GaLore's 10,000 updates, at that run's default lr
+    assert resume_conflicts(saved, parse_config(SMALL_BATCH)) == ["--lr 0.007 (the checkpoint: 0.01)",
+                                                                  "--regular_lr 0.014 (the checkpoint: 0.02)"]
+    assert resume_conflicts(saved, parse_config([*SMALL_BATCH, "--lr", "1e-2"])) == []
 
 
 # ----------------------------------------------------------------- defaults
