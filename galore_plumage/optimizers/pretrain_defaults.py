@@ -47,8 +47,8 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 # sessions 63-64), on llama_tiny on Python source read once, 1e-2 and 7e-3 are level at 600 updates (+0.013 for 1e-2,
 # t = 0.9, three seeds) and 7e-3 leads from 1000 on: by 0.014 / 0.022 at 1000, 0.032 / 0.023 at 2000, 0.024 at 5000
 # (three seeds; 5e-3 0.017 behind it); at 1000 updates it is level on the plays (+0.009 / -0.001) and on llama_35m's
-# shape (+0.007 / -0.010; 1.4e-2, its best at 600 updates, 0.017 behind on seed 0): never worse, measured beyond 1000
-# on the Python source only. At 2,048 tokens an update PRETRAIN_LR's 2e-2 and 1.4e-2 are level at 1000 updates
+# shape (+0.007 / -0.010; 1.4e-2, its best at 600 updates, 0.017 behind on seed 0): never worse; at 2000 on the plays
+# it leads by 0.011 (seed 0). At 2,048 tokens an update PRETRAIN_LR's 2e-2 and 1.4e-2 are level at 1000 updates
 # (seed 0): that band keeps its lr.
 PRETRAIN_LONG_RUN_LR: dict[tuple[str, str], tuple[int, int, float]] = {("plumage", "adamw"): (2048, 1000, 0.7)}
 
