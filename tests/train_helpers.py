@@ -18,6 +18,11 @@ DIST_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK
              "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
 TORCHRUN_TIMEOUT_S = 180
 
+# torchrun_main.py's flags of a run shorter than optimizers.PRETRAIN_LONG_RUN_LR's 1000 updates (its batch's lr,
+# unscaled), and of a batch below 2,048 tokens an update (8 x 64 = 512 tokens: PRETRAIN_LR's band below)
+SHORT_RUN = ["--num_training_steps", "600", "--warmup_steps", "60"]
+SMALL_BATCH = ["--max_length", "64"]
+
 
 def write_corpus(path: Path, documents: int = 150, seed: int = 0) -> Path:
     """`documents` random "documents" of 20-60 words from a 300-word vocabulary, separated by blank lines."""

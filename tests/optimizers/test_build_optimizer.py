@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from train_helpers import SHORT_RUN, SMALL_BATCH
 
 from galore_plumage import build_optimizer
 from galore_plumage.optimizers import LayerwiseOptimizer, describe_routing
@@ -321,8 +322,8 @@ def test_the_plumage_adamw_default_is_the_protocols_galore_plus_floor_arm():
 
 @pytest.mark.parametrize("shape, lr", [
     ([], 2e-2),  # 8 x 256 = 2048 tokens an update: m2's own warm-up at twice the library's lr (session 56)
-    (["--max_length", "64"], 1e-2),  # 512 tokens: the library's lr (session 53)
-])  # 600 updates: below PRETRAIN_LONG_RUN_LR's 1000
+    (SMALL_BATCH, 1e-2),  # 512 tokens: the library's lr (session 53)
+])  # SHORT_RUN: below PRETRAIN_LONG_RUN_LR's 1000 updates
 def test_the_pretraining_default_is_the_protocols_ratio2_arm(shape, lr):
     """torchrun_main.py gives plumage_adamw's regular group 2x its lr (session 33): its command line and the protocol's
     arm galore_recipe_vfloor_gram_ratio2 (galore_adamw ... --v_floor m2 --regular_lr_ratio 2, at 2e-2 from 2048 tokens
@@ -335,8 +336,7 @@ def test_the_pretraining_default_is_the_protocols_ratio2_arm(shape, lr):
     for argv in (["--optimizer", "plumage_adamw"], ["--optimizer", "galore_adamw", "--galore_scale", "0.25", "--v_floor",
                                                      "m2", "--solver", "gram", "--lr", f"{lr:g}",
                                                      "--regular_lr_ratio", "2"]):
-        optimizer = make_optimizer(parse_config(["--rank", "4", "--num_training_steps", "600", "--warmup_steps", "60",
-                                                 *shape, *argv]), _model())
+        optimizer = make_optimizer(parse_config(["--rank", "4", *SHORT_RUN, *shape, *argv]), _model())
         groups.append([(len(g["params"]), g["lr"], g.get("rank"), g["scale"],
                         *((g["v_floor"], g["v_floor_horizon"]) if "rank" in g else ()))  # a floor acts on low rank only
                        for g in optimizer.param_groups])

@@ -10,6 +10,7 @@ import math
 import re
 
 import pytest
+from train_helpers import SHORT_RUN, SMALL_BATCH
 
 import galore_plumage
 from galore_plumage.optimizers import RULES
@@ -17,10 +18,6 @@ from galore_plumage.projectors import list_projectors
 from galore_plumage.projectors.modes import PROJ_TYPES
 from galore_plumage.training.config import TrainConfig, build_parser, parse_config, parse_token_count
 from galore_plumage.training.loop import optimizer_options
-
-# a run shorter than optimizers.PRETRAIN_LONG_RUN_LR's 1000 updates: its batch's lr, unscaled at 512 tokens an update
-SHORT_RUN = ["--num_training_steps", "600", "--warmup_steps", "60"]
-SMALL_BATCH = ["--max_length", "64"]  # 8 x 64 = 512 tokens an update
 
 # flag -> (argv, field, expected value): one run of each GaLore flag and each of ours with a non-default value
 GALORE_FLAGS = {
