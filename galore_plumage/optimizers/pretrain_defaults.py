@@ -40,17 +40,18 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
 PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (2048, 2e-2)}
 
 
-# A long run's share of that lr, as (below this many tokens an update, from this many updates (--num_training_steps)
-# up, factor): where the floor in effect is m2 with its own warm-up, the lr above times the factor. The warm-up damps
-# each sign-steady coordinate's step over its first ~1 / (1 − β2) = 1000 updates, and the lr that makes up for the
-# damping costs in a run that spends most of its updates past it. At 512 tokens an update (docs/results.md §3,
-# sessions 63-64), on llama_tiny on Python source read once, 1e-2 and 7e-3 are level at 600 updates (+0.013 for 1e-2,
-# t = 0.9, three seeds) and 7e-3 leads from 1000 on: by 0.014 / 0.022 at 1000, 0.032 / 0.023 at 2000, 0.024 at 5000
-# (three seeds; 5e-3 0.017 behind it); at 1000 updates it is level on the plays (+0.009 / -0.001) and on llama_35m's
-# shape (+0.007 / -0.010; 1.4e-2, its best at 600 updates, 0.017 behind on seed 0): never worse; at 2000 on the plays
-# it leads by 0.011 (seed 0). At 2,048 tokens an update PRETRAIN_LR's 2e-2 and 1.4e-2 are level at 1000 updates
-# (seed 0): that band keeps its lr.
-PRETRAIN_LONG_RUN_LR: dict[tuple[str, str], tuple[int, int, float]] = {("plumage", "adamw"): (2048, 1000, 0.7)}
+# A long run's share of that lr, as (from this many updates (--num_training_steps) up, factor): where the floor in
+# effect is m2 with its own warm-up, the lr above times the factor, at any batch. The warm-up damps each sign-steady
+# coordinate's step over its first ~1 / (1 − β2) = 1000 updates, and the lr that makes up for the damping costs in a
+# run that spends most of its updates past it. At 512 tokens an update (docs/results.md §3, sessions 63-64), on
+# llama_tiny on Python source read once, 1e-2 and 7e-3 are level at 600 updates (+0.013 for 1e-2, t = 0.9, three
+# seeds) and 7e-3 leads from 1000 on: by 0.014 / 0.022 at 1000, 0.032 / 0.023 at 2000, 0.024 at 5000 (three seeds; 5e-3
+# 0.017 behind it); at 1000 updates it is level on the plays (+0.009 / -0.001) and on llama_35m's shape (+0.007 /
+# -0.010; 1.4e-2, its best at 600 updates, 0.017 behind on seed 0): never worse; at 2000 on the plays it leads by 0.011
+# (seed 0). At 2,048 tokens an update, on the Python source, PRETRAIN_LR's 2e-2 times the factor, 1.4e-2, is level
+# with 2e-2 at 1000 updates (-0.002, seed 0; session 64) and leads it at 2000 on both seeds (+0.010 / +0.020, by up to
+# 0.043 mid-run; session 65), so the factor holds at any batch where the warm-up is in effect.
+PRETRAIN_LONG_RUN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (1000, 0.7)}
 
 
 def _floor_in_effect(spec: OptimizerSpec, options: dict) -> str:
@@ -63,15 +64,15 @@ def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_updat
     """The lr torchrun_main.py gives a name (under `preset`, with the low-rank `options` in effect, the derived
     v_floor included) at `tokens_per_update` for a run of `num_updates` when --lr is not given: PRETRAIN_LR's from its
     threshold up where the floor is m2 with its own warm-up, else recommended_lr (a preset keeps the lr it was measured
-    with); times PRETRAIN_LONG_RUN_LR's factor where that holds in its band of tokens and updates (num_updates None:
-    the run's length unknown, no factor)."""
+    with); times PRETRAIN_LONG_RUN_LR's factor where m2's own warm-up is in effect from its number of updates up
+    (num_updates None: the run's length unknown, no factor)."""
     m2_own_warm_up = (preset is None and _floor_in_effect(spec, options) == "m2"
                       and options.get("v_floor_horizon") is None)
     threshold, lr = PRETRAIN_LR.get((spec.family, spec.backend), (None, None))
     if not (m2_own_warm_up and threshold is not None and tokens_per_update >= threshold):
         lr = recommended_lr(spec, preset)
-    below_tokens, from_updates, factor = PRETRAIN_LONG_RUN_LR.get((spec.family, spec.backend), (0, 0, 1.0))
-    if m2_own_warm_up and tokens_per_update < below_tokens and num_updates is not None and num_updates >= from_updates:
+    from_updates, factor = PRETRAIN_LONG_RUN_LR.get((spec.family, spec.backend), (None, 1.0))
+    if m2_own_warm_up and from_updates is not None and num_updates is not None and num_updates >= from_updates:
         lr = float(f"{lr * factor:.6g}")  # 7e-3, not 0.006999999999999999 in the run's config
     return lr
 

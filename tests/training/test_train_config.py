@@ -281,8 +281,9 @@ def test_out_of_range_values_name_the_flag(argv, message):
     (["--optimizer", "adamw"], 1e-3, None),
 ])
 def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr):
-    """--regular_lr resolves to --regular_lr_ratio x --lr, the ratio defaulting per optimizer (recommended_regular_lr_ratio)."""
-    config = parse_config(argv)
+    """--regular_lr resolves to --regular_lr_ratio x --lr, the ratio defaulting per optimizer (recommended_regular_lr_ratio;
+    runs of 600 updates, at their batch's lr)."""
+    config = parse_config([*SHORT_RUN, *argv])
     assert config.lr == pytest.approx(lr)
     assert config.regular_lr == (None if regular_lr is None else pytest.approx(regular_lr))
 
@@ -317,8 +318,11 @@ def test_the_lr_defaults_to_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
     ([*SMALL_BATCH, "--num_training_steps", "999", "--warmup_steps", "100"], 1e-2),  # just below it
     ([*SMALL_BATCH, "--max_train_tokens", "512000", "--warmup_steps", "100"], 7e-3),  # 1000 updates of 512 tokens
     ([*SMALL_BATCH, "--max_train_tokens", "511488", "--warmup_steps", "100"], 1e-2),  # 999
-    (["--max_length", "128", "--batch_size", "15"], 7e-3),  # 1920 tokens: just below the band's ceiling
-    ([], 2e-2),  # 2048 tokens an update: PRETRAIN_LR's 2e-2 at any length (level with 1.4e-2 at 1000 updates)
+    (["--max_length", "128", "--batch_size", "15"], 7e-3),  # 1920 tokens: just below PRETRAIN_LR's band
+    ([], 1.4e-2),  # 2048 tokens an update: 0.7 x PRETRAIN_LR's 2e-2 (session 65)
+    (["--num_training_steps", "999", "--warmup_steps", "100"], 2e-2),  # just below the threshold there
+    (["--batch_size", "16"], 1e-2),  # 4096: no floor (PRETRAIN_NO_FLOOR_FROM_TOKENS), no warm-up to outlast
+    (["--batch_size", "16", "--v_floor", "m2"], 1.4e-2),  # a floor given there keeps its own warm-up
     ([*SMALL_BATCH, "--optimizer", "plumage_adamw_per_layer"], 7e-3),
     ([*SMALL_BATCH, "--v_floor", "m2"], 7e-3),
     ([*SMALL_BATCH, "--v_floor_horizon", "200"], 1e-2),  # another warm-up: no factor, as it was measured
@@ -329,9 +333,9 @@ def test_the_lr_defaults_to_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
     ([*SMALL_BATCH, "--lr", "1e-2"], 1e-2),  # a given lr wins
 ])
 def test_a_long_run_scales_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
-    """optimizers.PRETRAIN_LONG_RUN_LR: below 2048 tokens an update, from 1000 updates (--num_training_steps, or
-    --max_train_tokens over the tokens an update), where the floor in effect is m2 with its own warm-up, plumage_adamw
-    pretrains at 0.7 x the library's lr."""
+    """optimizers.PRETRAIN_LONG_RUN_LR: from 1000 updates (--num_training_steps, or --max_train_tokens over the
+    tokens an update), where the floor in effect is m2 with its own warm-up, plumage_adamw pretrains at 0.7 x its
+    batch's lr (the library's 1e-2 below 2048 tokens an update, PRETRAIN_LR's 2e-2 from there)."""
     assert parse_config(argv).lr == pytest.approx(lr)
 
 
@@ -504,13 +508,13 @@ def test_a_checkpoint_from_sessions_36_to_55_resumes_with_its_warm_up_and_lr():
 
     from galore_plumage.training.config import resume_conflicts
 
-    saved = asdict(parse_config(["--v_floor_horizon", "200"]))
+    saved = asdict(parse_config([*SHORT_RUN, "--v_floor_horizon", "200"]))
     assert (saved["lr"], saved["low_rank"]) == (1e-2, {"v_floor_horizon": 200})
-    assert resume_conflicts(saved, parse_config([])) == [
+    assert resume_conflicts(saved, parse_config(SHORT_RUN)) == [
         "--lr 0.02 (the checkpoint: 0.01)",
         "--regular_lr 0.04 (the checkpoint: 0.02)",
         "--v_floor_horizon not given (the checkpoint: 200; as it ran, at the lr it ran at: --v_floor_horizon 200)"]
-    assert resume_conflicts(saved, parse_config(["--v_floor_horizon", "200"])) == []
+    assert resume_conflicts(saved, parse_config([*SHORT_RUN, "--v_floor_horizon", "200"])) == []
 
 
 def test_a_checkpoint_from_before_session_36_resumes_at_its_lr():
@@ -520,11 +524,11 @@ def test_a_checkpoint_from_before_session_36_resumes_at_its_lr():
 
     from galore_plumage.training.config import resume_conflicts
 
-    saved = asdict(parse_config(["--lr", "1e-2"]))
+    saved = asdict(parse_config([*SHORT_RUN, "--lr", "1e-2"]))
     assert saved["low_rank"] == {}
-    assert resume_conflicts(saved, parse_config([])) == ["--lr 0.02 (the checkpoint: 0.01)",
-                                                         "--regular_lr 0.04 (the checkpoint: 0.02)"]
-    assert resume_conflicts(saved, parse_config(["--lr", "1e-2"])) == []
+    assert resume_conflicts(saved, parse_config(SHORT_RUN)) == ["--lr 0.02 (the checkpoint: 0.01)",
+                                                                "--regular_lr 0.04 (the checkpoint: 0.02)"]
+    assert resume_conflicts(saved, parse_config([*SHORT_RUN, "--lr", "1e-2"])) == []
 
 
 def test_a_long_run_from_before_session_64_resumes_at_its_lr():
@@ -539,6 +543,20 @@ def test_a_long_run_from_before_session_64_resumes_at_its_lr():
     assert resume_conflicts(saved, parse_config(SMALL_BATCH)) == ["--lr 0.007 (the checkpoint: 0.01)",
                                                                   "--regular_lr 0.014 (the checkpoint: 0.02)"]
     assert resume_conflicts(saved, parse_config([*SMALL_BATCH, "--lr", "1e-2"])) == []
+
+
+def test_a_long_run_from_before_session_65_resumes_at_its_lr():
+    """A plumage_adamw run of 1000 updates or more from 2048 tokens an update saved in sessions 56-64 ran at
+    PRETRAIN_LR's 2e-2; today's default there is 0.7 x 2e-2 (PRETRAIN_LONG_RUN_LR). The conflicts name the lr, and
+    giving it clears them."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = asdict(parse_config(["--lr", "2e-2"]))  # GaLore's 10,000 updates at the demo's 8 x 256 tokens
+    assert resume_conflicts(saved, parse_config([])) == ["--lr 0.014 (the checkpoint: 0.02)",
+                                                         "--regular_lr 0.028 (the checkpoint: 0.04)"]
+    assert resume_conflicts(saved, parse_config(["--lr", "2e-2"])) == []
 
 
 # ----------------------------------------------------------------- defaults
@@ -609,5 +627,5 @@ def test_a_checkpoint_from_before_the_ratio_resumes_with_one_lr():
     saved = asdict(parse_config(["--regular_lr_ratio", "1"]))
     del saved["regular_lr_ratio"]  # the checkpoint predates the flag
     (conflict,) = resume_conflicts(saved, parse_config([]))
-    assert conflict == "--regular_lr 0.04 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
+    assert conflict == "--regular_lr 0.028 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
     assert resume_conflicts(saved, parse_config(["--regular_lr_ratio", "1"])) == []
