@@ -624,8 +624,8 @@ def test_a_checkpoint_from_before_the_ratio_resumes_with_one_lr():
 
     from galore_plumage.training.config import resume_conflicts
 
-    saved = asdict(parse_config(["--regular_lr_ratio", "1"]))
+    saved = asdict(parse_config([*SHORT_RUN, "--regular_lr_ratio", "1"]))
     del saved["regular_lr_ratio"]  # the checkpoint predates the flag
-    (conflict,) = resume_conflicts(saved, parse_config([]))
-    assert conflict == "--regular_lr 0.028 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
-    assert resume_conflicts(saved, parse_config(["--regular_lr_ratio", "1"])) == []
+    (conflict,) = resume_conflicts(saved, parse_config(SHORT_RUN))
+    assert conflict == "--regular_lr 0.04 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
+    assert resume_conflicts(saved, parse_config([*SHORT_RUN, "--regular_lr_ratio", "1"])) == []
