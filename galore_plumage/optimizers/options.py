@@ -260,7 +260,8 @@ OPTIONS: tuple[Option, ...] = (
            "inside the basis, with Fira's norm-growth limiter; `scale` does not multiply it; needs the full gradient "
            "at every step). torchrun_main.py pretrains plumage_adamw(8bit) with Fira's (norm_matched, limiter fira, "
            "scale 1, no cap, every update) from 4096 tokens an update where no residual flag is given "
-           "(PRETRAIN_COMPLEMENT)",
+           "(PRETRAIN_COMPLEMENT), and plumage_adamw from 2048 in a run of 1000 updates or more "
+           "(PRETRAIN_LONG_RUN_LARGE_BATCH)",
            _check_choice("residual", RESIDUALS), ("fira", None, 1), plumage=PLUMAGE_RESIDUAL,
            plumage_adam="none", choices=RESIDUALS, applies=_needs_orthonormal_basis),
     Option("residual_limiter", "fira", "with residual='norm_matched': where the norm-growth limiter takes its reference: "
@@ -293,7 +294,8 @@ OPTIONS: tuple[Option, ...] = (
            "that stays at a draw; in effect a slow warm-up of the low-rank weights' step, by √(1 − β2^t)), "
            "'m2_corrected' (the same after bias correction: no normalized step above 1, no warm-up) or 'none' (Adam's). "
            "torchrun_main.py pretrains plumage_adamw(8bit) with 'none' from 4096 tokens an update where neither this "
-           "flag nor --v_floor_horizon is given (PRETRAIN_NO_FLOOR_FROM_TOKENS)",
+           "flag nor --v_floor_horizon is given (PRETRAIN_NO_FLOOR_FROM_TOKENS), and plumage_adamw from 2048 in a run "
+           "of 1000 updates or more (PRETRAIN_LONG_RUN_LARGE_BATCH)",
            _check_choice("v_floor", V_FLOORS), ("max", None, True), plumage_adam="m2", choices=V_FLOORS,
            applies=_needs_adam_moments),
     Option("v_floor_horizon", None, "with v_floor='m2': the warm-up it gives the low-rank step lasts about this many "

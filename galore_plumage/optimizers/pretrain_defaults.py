@@ -50,7 +50,9 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 # -0.010; 1.4e-2, its best at 600 updates, 0.017 behind on seed 0): never worse; at 2000 on the plays it leads by 0.011
 # (seed 0). At 2,048 tokens an update, on the Python source, PRETRAIN_LR's 2e-2 times the factor, 1.4e-2, is level
 # with 2e-2 at 1000 updates (-0.002, seed 0; session 64) and leads it at 2000 on both seeds (+0.010 / +0.020, by up to
-# 0.043 mid-run; session 65), so the factor holds at any batch where the warm-up is in effect.
+# 0.043 mid-run; session 65), so the factor holds at any batch where the warm-up is in effect. There, from 1000
+# updates, plumage_adamw now pretrains without it (PRETRAIN_LONG_RUN_LARGE_BATCH below) unless a floor is given or in
+# per-layer mode; at 2000 updates 1e-2 (0.5 x) led 1.4e-2 by 0.021 on seed 0 (session 66), not yet enough to move it.
 PRETRAIN_LONG_RUN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (1000, 0.7)}
 
 
@@ -104,15 +106,40 @@ PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], tuple[int, int]] = {("plumage", 
 PRETRAIN_NO_FLOOR_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"): 4096, ("plumage", "adamw8bit"): 4096}
 
 
+# Where a long run pretrains as a large batch does (no floor, Fira's complement below, the library's lr), as (from this
+# many tokens an update up, from this many updates (--num_training_steps) up), not in per-layer mode (which holds no
+# full gradient for the complement, so keeps the floor). The floor is a warm-up: its gain fades with the run's length,
+# and past ~1000 updates a 2,048-token batch is sign-steady enough for the complement to pay, as at 4,096. On
+# llama_tiny at 8 x 256 tokens an update on Python source read once, 2000 updates (docs/results.md §3, session 66):
+# no floor with Fira's complement at 1e-2 3.4599 against m2's own warm-up at 1.4e-2 (then the default) 3.5244 (1e-2:
+# 3.5033, 2e-2: 3.5346) and GaLore's recipe at its bracketed best 7e-3 3.5232 (seed 0).
+PRETRAIN_LONG_RUN_LARGE_BATCH: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw"): (2048, 1000)}
+
+
+def pretrains_as_large_batch(spec: OptimizerSpec, tokens_per_update: int, num_updates: int | None,
+                             threshold: int | None) -> bool:
+    """Whether torchrun_main.py gives a name a large batch's setting whose own threshold is `threshold` tokens an
+    update (None: the name has none): from that many tokens an update up, or where PRETRAIN_LONG_RUN_LARGE_BATCH says
+    a run this long at this batch pretrains as a large batch does (num_updates None: the run's length unknown)."""
+    if threshold is None:
+        return False
+    if tokens_per_update >= threshold:
+        return True
+    tokens, updates = PRETRAIN_LONG_RUN_LARGE_BATCH.get((spec.family, spec.backend), (None, None))
+    return (tokens is not None and num_updates is not None and not spec.per_layer
+            and tokens_per_update >= tokens and num_updates >= updates)
+
+
 def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: int,
-                        preset: str | None = None) -> str | None:
+                        preset: str | None = None, num_updates: int | None = None) -> str | None:
     """The v_floor torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
-    `tokens_per_update`: 'none' from PRETRAIN_NO_FLOOR_FROM_TOKENS up where neither v_floor nor v_floor_horizon is
-    given, else None (the class's own floor; a preset keeps what it was measured with)."""
+    `tokens_per_update` for a run of `num_updates`: 'none' where it pretrains as a large batch
+    (PRETRAIN_NO_FLOOR_FROM_TOKENS, PRETRAIN_LONG_RUN_LARGE_BATCH) and neither v_floor nor v_floor_horizon is given,
+    else None (the class's own floor; a preset keeps what it was measured with)."""
     threshold = PRETRAIN_NO_FLOOR_FROM_TOKENS.get((spec.family, spec.backend))
-    if preset is not None or threshold is None or {"v_floor", "v_floor_horizon"} & options.keys():
+    if preset is not None or {"v_floor", "v_floor_horizon"} & options.keys():
         return None
-    return "none" if tokens_per_update >= threshold else None
+    return "none" if pretrains_as_large_batch(spec, tokens_per_update, num_updates, threshold) else None
 
 
 # Where torchrun_main.py pretrains with a complement, Fira's as published (arXiv 2410.01623; optimizers/residual.py:
@@ -135,15 +162,16 @@ PRETRAIN_COMPLEMENT: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {
 
 
 def recommended_residual(spec: OptimizerSpec, options: dict, tokens_per_update: int,
-                         preset: str | None = None) -> dict[str, Any]:
+                         preset: str | None = None, num_updates: int | None = None) -> dict[str, Any]:
     """The complement options torchrun_main.py gives a name (under `preset`, with the low-rank `options` given) at
-    `tokens_per_update`: PRETRAIN_COMPLEMENT's from its threshold up, where no residual option is given and the name
-    is not per-layer; else {} (the class's own: none for plumage_adamw; a preset keeps what it was measured with).
-    The complement names every residual option, so any one of them given stops the derivation."""
+    `tokens_per_update` for a run of `num_updates`: PRETRAIN_COMPLEMENT's where it pretrains as a large batch (from
+    its threshold up, or PRETRAIN_LONG_RUN_LARGE_BATCH), no residual option is given and the name is not per-layer;
+    else {} (the class's own: none for plumage_adamw; a preset keeps what it was measured with). The complement names
+    every residual option, so any one of them given stops the derivation."""
     threshold, complement = PRETRAIN_COMPLEMENT.get((spec.family, spec.backend), (None, {}))
-    if preset is not None or threshold is None or spec.per_layer or complement.keys() & options.keys():
+    if preset is not None or spec.per_layer or complement.keys() & options.keys():
         return {}
-    return dict(complement) if tokens_per_update >= threshold else {}
+    return dict(complement) if pretrains_as_large_batch(spec, tokens_per_update, num_updates, threshold) else {}
 
 
 def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, tokens_per_update: int,

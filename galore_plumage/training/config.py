@@ -260,12 +260,12 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     _check_numbers(c)
     _check_combinations(c, world_size)
     _derive_batch(c, world_size)
-    _derive_v_floor(c)
-    _derive_v_floor_horizon(c)
-    _derive_residual(c)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
         c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
+    _derive_v_floor(c)  # the floor, its warm-up and the complement by the batch and the run's length, then the lr by them
+    _derive_v_floor_horizon(c)
+    _derive_residual(c)
     _derive_lr(c)
     _derive_regular_lr(c)
     if c.warmup_steps >= c.num_training_steps and c.scheduler != "constant":
@@ -352,9 +352,11 @@ def _derive_regular_lr(c: TrainConfig) -> None:
 
 
 def _derive_v_floor(c: TrainConfig) -> None:
-    """No floor where the optimizer pretrains without one at this many tokens an update
-    (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS), into the options unless --v_floor or --v_floor_horizon was given."""
-    floor = recommended_v_floor(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset)
+    """No floor where the optimizer pretrains without one at this many tokens an update and this run's length
+    (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS, PRETRAIN_LONG_RUN_LARGE_BATCH), into the options unless --v_floor or
+    --v_floor_horizon was given."""
+    floor = recommended_v_floor(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset,
+                                num_updates=c.num_training_steps)
     if floor is not None:
         c.low_rank = {**c.low_rank, "v_floor": floor}
 
@@ -369,10 +371,11 @@ def _derive_v_floor_horizon(c: TrainConfig) -> None:
 
 
 def _derive_residual(c: TrainConfig) -> None:
-    """The complement the optimizer pretrains with at this many tokens an update (optimizers.PRETRAIN_COMPLEMENT), into
-    the options unless a residual flag was given."""
+    """The complement the optimizer pretrains with at this many tokens an update and this run's length
+    (optimizers.PRETRAIN_COMPLEMENT, PRETRAIN_LONG_RUN_LARGE_BATCH), into the options unless a residual flag was
+    given."""
     c.low_rank = {**c.low_rank, **recommended_residual(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update,
-                                                       c.preset)}
+                                                       c.preset, num_updates=c.num_training_steps)}
 
 
 def _derive_batch(c: TrainConfig, world_size: int) -> None:

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 from torch import nn
+from train_helpers import SHORT_RUN
 
 from galore_plumage import GaLoreAdamW, PlumageAdamW, build_optimizer
 from galore_plumage.finetune.config import build_parser as finetune_parser
@@ -103,8 +104,9 @@ def test_both_command_lines_have_the_flag_with_the_tables_help(parser, option):
 def test_the_flag_reaches_the_optimizer_from_both_scripts(option):
     """On PLUMAGE's projector (--projector plumage), where every option of the table applies."""
     argv, value = GOOD[option.key]
-    config = parse_config(["--optimizer", "plumage_adamw", "--projector", "plumage", *argv])
-    # at the default 2048 tokens an update pretraining adds no option to plumage_adamw's (its lr instead: PRETRAIN_LR)
+    config = parse_config(["--optimizer", "plumage_adamw", "--projector", "plumage", *SHORT_RUN, *argv])
+    # 600 updates at the default 2048 tokens an update: pretraining adds no option to plumage_adamw's (its lr instead:
+    # PRETRAIN_LR; from 1000 updates the large batch's floor and complement, PRETRAIN_LONG_RUN_LARGE_BATCH)
     assert config.low_rank == {option.key: value}
     assert optimizer_options(config)[option.key] == value
     finetune = parse_finetune_config(["--optimizer", "plumage_adamw", "--projector", "plumage", *argv])
@@ -132,7 +134,7 @@ def test_a_flag_given_as_none_is_kept_where_the_optimizers_default_is_not_none()
 
 
 def test_no_cap_on_the_command_line_is_inf_and_the_projector_reads_it_as_none():
-    config = parse_config(["--projector", "plumage", "--max_inv_p", "none"])
+    config = parse_config(["--projector", "plumage", "--max_inv_p", "none", *SHORT_RUN])
     assert config.low_rank == {"max_inv_p": math.inf}
     optimizer = PlumageAdamW([{"params": [_weight()], "rank": 2, "projector": "plumage"}], **config.low_rank)
     (param,) = optimizer.param_groups[0]["params"]

@@ -319,8 +319,10 @@ def test_the_lr_defaults_to_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
     ([*SMALL_BATCH, "--max_train_tokens", "512000", "--warmup_steps", "100"], 7e-3),  # 1000 updates of 512 tokens
     ([*SMALL_BATCH, "--max_train_tokens", "511488", "--warmup_steps", "100"], 1e-2),  # 999
     (["--max_length", "128", "--batch_size", "15"], 7e-3),  # 1920 tokens: just below PRETRAIN_LR's band
-    ([], 1.4e-2),  # 2048 tokens an update: 0.7 x PRETRAIN_LR's 2e-2 (session 65)
-    (["--num_training_steps", "999", "--warmup_steps", "100"], 2e-2),  # just below the threshold there
+    (["--v_floor", "m2"], 1.4e-2),  # 2048 tokens an update, the floor given: 0.7 x PRETRAIN_LR's 2e-2 (session 65)
+    (["--optimizer", "plumage_adamw_per_layer"], 1.4e-2),  # per-layer keeps the floor there (no complement to take)
+    ([], 1e-2),  # 2048 tokens, 10,000 updates: a large batch's setting, no floor (PRETRAIN_LONG_RUN_LARGE_BATCH)
+    (["--num_training_steps", "999", "--warmup_steps", "100"], 2e-2),  # just below the threshold there: the floor
     (["--batch_size", "16"], 1e-2),  # 4096: no floor (PRETRAIN_NO_FLOOR_FROM_TOKENS), no warm-up to outlast
     (["--batch_size", "16", "--v_floor", "m2"], 1.4e-2),  # a floor given there keeps its own warm-up
     ([*SMALL_BATCH, "--optimizer", "plumage_adamw_per_layer"], 7e-3),
@@ -381,7 +383,7 @@ def test_below_2048_tokens_an_update_the_floor_keeps_m2s_own_warm_up(argv, horiz
 @pytest.mark.parametrize("argv, floor, horizon", [
     (["--batch_size", "16"], "none", "absent"),  # 16 x 256 = 4096 tokens an update: no floor (session 37)
     (["--batch_size", "8", "--total_batch_size", "64"], "none", "absent"),  # accumulated: tokens an update count
-    (["--batch_size", "16", "--max_length", "128"], "absent", "absent"),  # 2048 tokens: the floor, m2's own warm-up
+    ([*SHORT_RUN, "--batch_size", "16", "--max_length", "128"], "absent", "absent"),  # 2048 tokens: m2's own warm-up
     (["--batch_size", "16", "--v_floor", "m2"], "m2", "absent"),  # a floor given is kept
     (["--batch_size", "16", "--v_floor_horizon", "300"], "absent", 300),  # a warm-up given keeps the floor
     (["--batch_size", "16", "--v_floor_horizon", "none"], "absent", None),
@@ -403,7 +405,7 @@ FIRA = {"residual": "norm_matched", "residual_limiter": "fira", "residual_scale"
 @pytest.mark.parametrize("argv, complement", [
     (["--batch_size", "16"], FIRA),  # 16 x 256 = 4096 tokens an update: Fira's complement (session 38)
     (["--batch_size", "8", "--total_batch_size", "64"], FIRA),  # accumulated: tokens an update count
-    (["--batch_size", "16", "--max_length", "128"], {}),  # 2048 tokens: no complement
+    ([*SHORT_RUN, "--batch_size", "16", "--max_length", "128"], {}),  # 2048 tokens, 600 updates: no complement
     (["--batch_size", "16", "--residual", "none"], {"residual": "none"}),  # a residual flag given stops it
     (["--batch_size", "16", "--residual_scale", "0.5"], {"residual_scale": 0.5}),
     (["--batch_size", "16", "--optimizer", "plumage_adamw_per_layer"], {}),  # per-layer mode holds no full gradients
@@ -418,6 +420,44 @@ def test_plumage_adamw_pretrains_with_the_complement_from_4096_tokens_an_update(
     """optimizers.PRETRAIN_COMPLEMENT: its options filled in where no residual flag is given."""
     options = parse_config(argv).low_rank
     assert {key: value for key, value in options.items() if key.startswith("residual")} == complement
+
+
+@pytest.mark.parametrize("argv, large_batch", [
+    ([], True),  # GaLore's 10,000 updates at the demo's 8 x 256 = 2048 tokens an update (session 66)
+    (["--num_training_steps", "1000", "--warmup_steps", "100"], True),  # the threshold
+    (["--num_training_steps", "999", "--warmup_steps", "100"], False),  # just below it: m2's own warm-up
+    (["--max_train_tokens", "2048000", "--warmup_steps", "100"], True),  # 1000 updates of 2048 tokens
+    (["--max_train_tokens", "2045952", "--warmup_steps", "100"], False),  # 999
+    (["--batch_size", "8", "--max_length", "128", "--total_batch_size", "16"], True),  # accumulated: tokens an update
+    (["--max_length", "128", "--batch_size", "15"], False),  # 1920 tokens: the floor at any length
+    ([*SMALL_BATCH], False),
+    (["--optimizer", "plumage_adamw_per_layer"], False),  # no full gradient for the complement: keeps the floor
+    (["--optimizer", "plumage_adamw8bit"], False),  # not measured on 8-bit: its 200-update warm-up
+    (["--preset", "sampled"], False),
+    (["--optimizer", "galore_adamw"], False),
+])
+def test_a_long_run_from_2048_tokens_an_update_pretrains_as_a_large_batch(argv, large_batch):
+    """optimizers.PRETRAIN_LONG_RUN_LARGE_BATCH: from 2048 tokens an update and 1000 updates (--num_training_steps, or
+    --max_train_tokens over the tokens an update) plumage_adamw pretrains as it does from 4096 tokens: no floor, Fira's
+    complement, the library's lr (the regular group at 2x); elsewhere neither is filled in."""
+    config = parse_config(argv)
+    complement = {key: value for key, value in config.low_rank.items() if key.startswith("residual")}
+    if large_batch:
+        assert (config.low_rank.get("v_floor"), complement) == ("none", FIRA)
+        assert (config.lr, config.regular_lr) == (pytest.approx(1e-2), pytest.approx(2e-2))
+    else:
+        assert (config.low_rank.get("v_floor", "absent"), complement) == ("absent", {})
+
+
+@pytest.mark.parametrize("argv, options", [
+    (["--v_floor", "m2"], {"v_floor": "m2", **FIRA}),  # one flag given stops its own derivation only, as at 4096
+    (["--v_floor_horizon", "none"], {"v_floor_horizon": None, **FIRA}),
+    (["--residual", "none"], {"v_floor": "none", "residual": "none"}),
+])
+def test_a_flag_given_stops_its_own_large_batch_derivation(argv, options):
+    """The floor and the complement are derived one by one (recommended_v_floor, recommended_residual), for a long
+    run at 2048 tokens an update as from 4096."""
+    assert parse_config(argv).low_rank == options
 
 
 def test_the_complement_names_every_residual_option():
@@ -545,18 +585,45 @@ def test_a_long_run_from_before_session_64_resumes_at_its_lr():
     assert resume_conflicts(saved, parse_config([*SMALL_BATCH, "--lr", "1e-2"])) == []
 
 
-def test_a_long_run_from_before_session_65_resumes_at_its_lr():
-    """A plumage_adamw run of 1000 updates or more from 2048 tokens an update saved in sessions 56-64 ran at
-    PRETRAIN_LR's 2e-2; today's default there is 0.7 x 2e-2 (PRETRAIN_LONG_RUN_LR). The conflicts name the lr, and
-    giving it clears them."""
+def _saved_with_m2s_own_warm_up(lr: str) -> dict:
+    """The config a plumage_adamw run of GaLore's 10,000 updates at the demo's 8 x 256 tokens saved before session
+    66 at `lr`: the class's floor (m2, its own warm-up) and no complement, neither written into the options."""
     from dataclasses import asdict
 
+    saved = asdict(parse_config(["--lr", lr, "--v_floor_horizon", "none", "--residual", "none"]))
+    del saved["low_rank"]["v_floor_horizon"], saved["low_rank"]["residual"]
+    return saved
+
+
+AS_IT_RAN = ["--v_floor_horizon", "none", "--residual", "none"]  # m2's own warm-up and no complement, given
+
+
+def test_a_long_run_from_session_65_resumes_with_the_floor_it_ran_with():
+    """A plumage_adamw run of 1000 updates or more at 2048 tokens an update saved in session 65 ran with m2's own
+    warm-up at 0.7 x 2e-2; today's default there is a large batch's (PRETRAIN_LONG_RUN_LARGE_BATCH: no floor, Fira's
+    complement, 1e-2). The conflicts name the flags that resume it as it ran, and those flags clear them (the lr
+    derived again from the floor they keep)."""
     from galore_plumage.training.config import resume_conflicts
 
-    saved = asdict(parse_config(["--lr", "2e-2"]))  # GaLore's 10,000 updates at the demo's 8 x 256 tokens
-    assert resume_conflicts(saved, parse_config([])) == ["--lr 0.014 (the checkpoint: 0.02)",
-                                                         "--regular_lr 0.028 (the checkpoint: 0.04)"]
-    assert resume_conflicts(saved, parse_config(["--lr", "2e-2"])) == []
+    saved = _saved_with_m2s_own_warm_up("1.4e-2")
+    assert resume_conflicts(saved, parse_config([])) == [
+        "--lr 0.01 (the checkpoint: 0.014)", "--regular_lr 0.02 (the checkpoint: 0.028)",
+        "--residual norm_matched (the checkpoint: not given; as it ran: --residual none)",
+        "--residual_cap None (the checkpoint: not given)", "--residual_horizon None (the checkpoint: not given)",
+        "--residual_limiter fira (the checkpoint: not given)", "--residual_scale 1.0 (the checkpoint: not given)",
+        "--v_floor none (the checkpoint: not given; the floor it ran with: --v_floor_horizon none)"]
+    assert resume_conflicts(saved, parse_config(AS_IT_RAN)) == []
+
+
+def test_a_long_run_from_before_session_65_resumes_at_its_lr():
+    """The same run saved in sessions 56-64 ran at PRETRAIN_LR's 2e-2: with the flags above the conflicts name the
+    lr (0.7 x 2e-2 under m2's own warm-up, PRETRAIN_LONG_RUN_LR), and giving it clears them."""
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = _saved_with_m2s_own_warm_up("2e-2")
+    assert resume_conflicts(saved, parse_config(AS_IT_RAN)) == ["--lr 0.014 (the checkpoint: 0.02)",
+                                                                "--regular_lr 0.028 (the checkpoint: 0.04)"]
+    assert resume_conflicts(saved, parse_config([*AS_IT_RAN, "--lr", "2e-2"])) == []
 
 
 # ----------------------------------------------------------------- defaults
