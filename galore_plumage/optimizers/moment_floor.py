@@ -33,7 +33,8 @@ The option's default stays None: at one lr H = 200 trailed m2 at 8 × 64 tokens 
 On the H200 again (session 37) H = 200 left the default 0.055 behind GaLore's recipe and no floor 0.008 (level): the
 floor's gain over none falls as the batch grows (+0.034, +0.017, −0.006, −0.047 at 512, 2048, 4096 and 16384 tokens
 an update), so torchrun_main.py pretrains plumage_adamw without it from 4096 tokens an update, and plumage_adamw8bit
-since session 41 (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS).
+since session 41 (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS); plumage_adamw from 2048 in a run of 1000 updates or more
+since session 66, where the warm-up's gain has faded (optimizers.PRETRAIN_LONG_RUN_LARGE_BATCH).
 """
 
 from __future__ import annotations
