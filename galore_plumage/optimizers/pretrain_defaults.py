@@ -109,10 +109,11 @@ PRETRAIN_NO_FLOOR_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"
 # Where a long run pretrains as a large batch does (no floor, Fira's complement below, the library's lr), as (from this
 # many tokens an update up, from this many updates (--num_training_steps) up), not in per-layer mode (which holds no
 # full gradient for the complement, so keeps the floor). The floor is a warm-up: its gain fades with the run's length,
-# and past ~1000 updates a 2,048-token batch is sign-steady enough for the complement to pay, as at 4,096. On
-# llama_tiny at 8 x 256 tokens an update on Python source read once, 2000 updates (docs/results.md §3, session 66):
-# no floor with Fira's complement at 1e-2 3.4599 against m2's own warm-up at 1.4e-2 (then the default) 3.5244 (1e-2:
-# 3.5033, 2e-2: 3.5346) and GaLore's recipe at its bracketed best 7e-3 3.5232 (seed 0).
+# while the complement, which costs over 300 updates at this batch with the floor (session 39), pays over a long run
+# as it does from 4,096. On llama_tiny at 8 x 256 tokens an update on Python source read once, 2000 updates
+# (docs/results.md §3, session 66): no floor with Fira's complement at 1e-2 3.4599 / 3.4734 (seeds 0 / 1) against m2's
+# own warm-up at 1.4e-2 (then the default) 3.5244 / 3.5144 and GaLore's recipe at its bracketed best, 7e-3, 3.5232 /
+# 3.5419: +0.066 over GaLore, ahead at every evaluation; at 1000 updates (seed 0) 3.8360 against 3.8735 and 3.9188.
 PRETRAIN_LONG_RUN_LARGE_BATCH: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw"): (2048, 1000)}
 
 
