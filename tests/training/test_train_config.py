@@ -585,17 +585,17 @@ def test_a_long_run_from_before_session_64_resumes_at_its_lr():
     assert resume_conflicts(saved, parse_config([*SMALL_BATCH, "--lr", "1e-2"])) == []
 
 
+AS_IT_RAN = ["--v_floor_horizon", "none", "--residual", "none"]  # m2's own warm-up and no complement, given
+
+
 def _saved_with_m2s_own_warm_up(lr: str) -> dict:
     """The config a plumage_adamw run of GaLore's 10,000 updates at the demo's 8 x 256 tokens saved before session
     66 at `lr`: the class's floor (m2, its own warm-up) and no complement, neither written into the options."""
     from dataclasses import asdict
 
-    saved = asdict(parse_config(["--lr", lr, "--v_floor_horizon", "none", "--residual", "none"]))
+    saved = asdict(parse_config(["--lr", lr, *AS_IT_RAN]))
     del saved["low_rank"]["v_floor_horizon"], saved["low_rank"]["residual"]
     return saved
-
-
-AS_IT_RAN = ["--v_floor_horizon", "none", "--residual", "none"]  # m2's own warm-up and no complement, given
 
 
 def test_a_long_run_from_session_65_resumes_with_the_floor_it_ran_with():
