@@ -53,6 +53,11 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 # 0.043 mid-run; session 65), so the factor holds at any batch where the warm-up is in effect. There, from 1000
 # updates, plumage_adamw now pretrains without it (PRETRAIN_LONG_RUN_LARGE_BATCH below) unless a floor is given or in
 # per-layer mode; at 2000 updates 1e-2 (0.5 x) led 1.4e-2 by 0.021 on seed 0 (session 66), not yet enough to move it.
+# The same factor holds there without the floor (session 67): where such a run pretrains as a large batch for its
+# length (PRETRAIN_LONG_RUN_LARGE_BATCH, below the no-floor threshold), no floor with Fira's complement at 0.7 x the
+# library's 1e-2, 7e-3, led 1e-2 at 2000 updates on every seed of three (+0.027 / +0.034 / +0.027, t = 12.1, ahead
+# from update 750 on; 1.4e-2 0.006 behind 1e-2 on seed 0). From 4,096 tokens an update (a large batch by its size) no
+# factor: a long run there is unmeasured.
 PRETRAIN_LONG_RUN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (1000, 0.7)}
 
 
@@ -66,15 +71,18 @@ def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_updat
     """The lr torchrun_main.py gives a name (under `preset`, with the low-rank `options` in effect, the derived
     v_floor included) at `tokens_per_update` for a run of `num_updates` when --lr is not given: PRETRAIN_LR's from its
     threshold up where the floor is m2 with its own warm-up, else recommended_lr (a preset keeps the lr it was measured
-    with); times PRETRAIN_LONG_RUN_LR's factor where m2's own warm-up is in effect from its number of updates up
-    (num_updates None: the run's length unknown, no factor)."""
-    m2_own_warm_up = (preset is None and _floor_in_effect(spec, options) == "m2"
-                      and options.get("v_floor_horizon") is None)
+    with); times PRETRAIN_LONG_RUN_LR's factor from its number of updates up where m2's own warm-up is in effect, or
+    no floor in a run that pretrains as a large batch for its length only (num_updates None: the run's length
+    unknown, no factor)."""
+    floor = None if preset is not None else _floor_in_effect(spec, options)
+    m2_own_warm_up = floor == "m2" and options.get("v_floor_horizon") is None
     threshold, lr = PRETRAIN_LR.get((spec.family, spec.backend), (None, None))
     if not (m2_own_warm_up and threshold is not None and tokens_per_update >= threshold):
         lr = recommended_lr(spec, preset)
+    no_floor_for_its_length = floor == "none" and _large_batch_for_its_length_only(spec, tokens_per_update, num_updates)
     from_updates, factor = PRETRAIN_LONG_RUN_LR.get((spec.family, spec.backend), (None, 1.0))
-    if m2_own_warm_up and from_updates is not None and num_updates is not None and num_updates >= from_updates:
+    if ((m2_own_warm_up or no_floor_for_its_length) and from_updates is not None and num_updates is not None
+            and num_updates >= from_updates):
         lr = float(f"{lr * factor:.6g}")  # 7e-3, not 0.006999999999999999 in the run's config
     return lr
 
@@ -106,14 +114,15 @@ PRETRAIN_V_FLOOR_HORIZON: dict[tuple[str, str], tuple[int, int]] = {("plumage", 
 PRETRAIN_NO_FLOOR_FROM_TOKENS: dict[tuple[str, str], int] = {("plumage", "adamw"): 4096, ("plumage", "adamw8bit"): 4096}
 
 
-# Where a long run pretrains as a large batch does (no floor, Fira's complement below, the library's lr), as (from this
-# many tokens an update up, from this many updates (--num_training_steps) up), not in per-layer mode (which holds no
-# full gradient for the complement, so keeps the floor). The floor is a warm-up: its gain fades with the run's length,
-# while the complement, which costs over 300 updates at this batch with the floor (session 39), pays over a long run
-# as it does from 4,096. On llama_tiny at 8 x 256 tokens an update on Python source read once, 2000 updates
-# (docs/results.md §3, session 66): no floor with Fira's complement at 1e-2 3.4599 / 3.4734 (seeds 0 / 1) against m2's
-# own warm-up at 1.4e-2 (then the default) 3.5244 / 3.5144 and GaLore's recipe at its bracketed best, 7e-3, 3.5232 /
-# 3.5419: +0.066 over GaLore, ahead at every evaluation; at 1000 updates (seed 0) 3.8360 against 3.8735 and 3.9188.
+# Where a long run pretrains as a large batch does (no floor, Fira's complement below; its lr: PRETRAIN_LONG_RUN_LR),
+# as (from this many tokens an update up, from this many updates (--num_training_steps) up), not in per-layer mode
+# (which holds no full gradient for the complement, so keeps the floor). The floor is a warm-up: its gain fades with
+# the run's length, while the complement, which costs over 300 updates at this batch with the floor (session 39), pays
+# over a long run as it does from 4,096. On llama_tiny at 8 x 256 tokens an update on Python source read once, 2000 updates
+# (docs/results.md §3, sessions 66-67): no floor with Fira's complement at 1e-2 3.4599 / 3.4734 (seeds 0 / 1) against
+# m2's own warm-up at 1.4e-2 (then the default) 3.5244 / 3.5144 and GaLore's recipe at its bracketed best, 7e-3, 3.5232
+# / 3.5419: +0.066 over GaLore, ahead at every evaluation; at 1000 updates (seed 0) 3.8360 against 3.8735 and 3.9188.
+# Its lr there is PRETRAIN_LONG_RUN_LR's 0.7 x 1e-2 since session 67: at 7e-3, +0.096 over GaLore (three seeds, t = 25.7).
 PRETRAIN_LONG_RUN_LARGE_BATCH: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adamw"): (2048, 1000)}
 
 
@@ -129,6 +138,14 @@ def pretrains_as_large_batch(spec: OptimizerSpec, tokens_per_update: int, num_up
     tokens, updates = PRETRAIN_LONG_RUN_LARGE_BATCH.get((spec.family, spec.backend), (None, None))
     return (tokens is not None and num_updates is not None and not spec.per_layer
             and tokens_per_update >= tokens and num_updates >= updates)
+
+
+def _large_batch_for_its_length_only(spec: OptimizerSpec, tokens_per_update: int, num_updates: int | None) -> bool:
+    """Whether a run pretrains as a large batch because it is long (PRETRAIN_LONG_RUN_LARGE_BATCH) at a batch below
+    the name's no-floor threshold (PRETRAIN_NO_FLOOR_FROM_TOKENS), the band where its lr was measured."""
+    threshold = PRETRAIN_NO_FLOOR_FROM_TOKENS.get((spec.family, spec.backend))
+    return (threshold is not None and tokens_per_update < threshold
+            and pretrains_as_large_batch(spec, tokens_per_update, num_updates, threshold))
 
 
 def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: int,

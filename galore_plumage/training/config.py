@@ -72,7 +72,8 @@ def _recommended_lrs() -> str:
     named = [f"{family}_{backend}: {lr:g}" for (family, backend), lr in RECOMMENDED_LR.items()]
     banded = [f"{family}_{backend} {lr:g} from {tokens} tokens an update while the floor is m2 with its own warm-up"
               for (family, backend), (tokens, lr) in PRETRAIN_LR.items()]
-    banded += [f"{family}_{backend} x{factor:g} from {updates} updates while the floor is m2 with its own warm-up"
+    banded += [f"{family}_{backend} x{factor:g} from {updates} updates while the floor is m2 with its own warm-up, "
+               "or none where the run pretrains as a large batch for its length"
                for (family, backend), (updates, factor) in PRETRAIN_LONG_RUN_LR.items()]
     listed = (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
     return listed + (" (pretraining: " + ", ".join(banded) + "; optimizers.PRETRAIN_LR, PRETRAIN_LONG_RUN_LR)"

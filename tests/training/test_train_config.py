@@ -321,9 +321,11 @@ def test_the_lr_defaults_to_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
     (["--max_length", "128", "--batch_size", "15"], 7e-3),  # 1920 tokens: just below PRETRAIN_LR's band
     (["--v_floor", "m2"], 1.4e-2),  # 2048 tokens an update, the floor given: 0.7 x PRETRAIN_LR's 2e-2 (session 65)
     (["--optimizer", "plumage_adamw_per_layer"], 1.4e-2),  # per-layer keeps the floor there (no complement to take)
-    ([], 1e-2),  # 2048 tokens, 10,000 updates: a large batch's setting, no floor (PRETRAIN_LONG_RUN_LARGE_BATCH)
+    ([], 7e-3),  # 2048 tokens, 10,000 updates: a large batch's setting (PRETRAIN_LONG_RUN_LARGE_BATCH), 0.7 x 1e-2
+    (["--v_floor", "none"], 7e-3),  # the same floor, given
+    (["--num_training_steps", "1000", "--warmup_steps", "100"], 7e-3),
     (["--num_training_steps", "999", "--warmup_steps", "100"], 2e-2),  # just below the threshold there: the floor
-    (["--batch_size", "16"], 1e-2),  # 4096: no floor (PRETRAIN_NO_FLOOR_FROM_TOKENS), no warm-up to outlast
+    (["--batch_size", "16"], 1e-2),  # 4096: a large batch by its size (PRETRAIN_NO_FLOOR_FROM_TOKENS): no factor
     (["--batch_size", "16", "--v_floor", "m2"], 1.4e-2),  # a floor given there keeps its own warm-up
     ([*SMALL_BATCH, "--optimizer", "plumage_adamw_per_layer"], 7e-3),
     ([*SMALL_BATCH, "--v_floor", "m2"], 7e-3),
@@ -337,7 +339,8 @@ def test_the_lr_defaults_to_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
 def test_a_long_run_scales_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
     """optimizers.PRETRAIN_LONG_RUN_LR: from 1000 updates (--num_training_steps, or --max_train_tokens over the
     tokens an update), where the floor in effect is m2 with its own warm-up, plumage_adamw pretrains at 0.7 x its
-    batch's lr (the library's 1e-2 below 2048 tokens an update, PRETRAIN_LR's 2e-2 from there)."""
+    batch's lr (the library's 1e-2 below 2048 tokens an update, PRETRAIN_LR's 2e-2 from there), and at 0.7 x 1e-2
+    where such a run pretrains as a large batch for its length (from 2048 to 4095 tokens an update, no floor)."""
     assert parse_config(argv).lr == pytest.approx(lr)
 
 
@@ -439,12 +442,13 @@ def test_plumage_adamw_pretrains_with_the_complement_from_4096_tokens_an_update(
 def test_a_long_run_from_2048_tokens_an_update_pretrains_as_a_large_batch(argv, large_batch):
     """optimizers.PRETRAIN_LONG_RUN_LARGE_BATCH: from 2048 tokens an update and 1000 updates (--num_training_steps, or
     --max_train_tokens over the tokens an update) plumage_adamw pretrains as it does from 4096 tokens: no floor, Fira's
-    complement, the library's lr (the regular group at 2x); elsewhere neither is filled in."""
+    complement, at 0.7 x the library's lr (PRETRAIN_LONG_RUN_LR; the regular group at 2x); elsewhere neither is
+    filled in."""
     config = parse_config(argv)
     complement = {key: value for key, value in config.low_rank.items() if key.startswith("residual")}
     if large_batch:
         assert (config.low_rank.get("v_floor"), complement) == ("none", FIRA)
-        assert (config.lr, config.regular_lr) == (pytest.approx(1e-2), pytest.approx(2e-2))
+        assert (config.lr, config.regular_lr) == (pytest.approx(7e-3), pytest.approx(1.4e-2))
     else:
         assert (config.low_rank.get("v_floor", "absent"), complement) == ("absent", {})
 
@@ -585,6 +589,20 @@ def test_a_long_run_from_before_session_64_resumes_at_its_lr():
     assert resume_conflicts(saved, parse_config([*SMALL_BATCH, "--lr", "1e-2"])) == []
 
 
+def test_a_long_run_from_session_66_resumes_at_its_lr():
+    """A plumage_adamw run of 1000 updates or more at 2048 tokens an update saved in session 66 pretrained as a large
+    batch (no floor, Fira's complement) at the library's 1e-2; today's default there is 0.7 x 1e-2
+    (PRETRAIN_LONG_RUN_LR). The conflicts name the lr, and giving it clears them."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    saved = asdict(parse_config(["--lr", "1e-2"]))  # GaLore's 10,000 updates at the demo's 8 x 256 tokens
+    assert resume_conflicts(saved, parse_config([])) == ["--lr 0.007 (the checkpoint: 0.01)",
+                                                         "--regular_lr 0.014 (the checkpoint: 0.02)"]
+    assert resume_conflicts(saved, parse_config(["--lr", "1e-2"])) == []
+
+
 AS_IT_RAN = ["--v_floor_horizon", "none", "--residual", "none"]  # m2's own warm-up and no complement, given
 
 
@@ -601,13 +619,13 @@ def _saved_with_m2s_own_warm_up(lr: str) -> dict:
 def test_a_long_run_from_session_65_resumes_with_the_floor_it_ran_with():
     """A plumage_adamw run of 1000 updates or more at 2048 tokens an update saved in session 65 ran with m2's own
     warm-up at 0.7 x 2e-2; today's default there is a large batch's (PRETRAIN_LONG_RUN_LARGE_BATCH: no floor, Fira's
-    complement, 1e-2). The conflicts name the flags that resume it as it ran, and those flags clear them (the lr
-    derived again from the floor they keep)."""
+    complement, 0.7 x 1e-2). The conflicts name the flags that resume it as it ran, and those flags clear them (the
+    lr derived again from the floor they keep)."""
     from galore_plumage.training.config import resume_conflicts
 
     saved = _saved_with_m2s_own_warm_up("1.4e-2")
     assert resume_conflicts(saved, parse_config([])) == [
-        "--lr 0.01 (the checkpoint: 0.014)", "--regular_lr 0.02 (the checkpoint: 0.028)",
+        "--lr 0.007 (the checkpoint: 0.014)", "--regular_lr 0.014 (the checkpoint: 0.028)",
         "--residual norm_matched (the checkpoint: not given; as it ran: --residual none)",
         "--residual_cap None (the checkpoint: not given)", "--residual_horizon None (the checkpoint: not given)",
         "--residual_limiter fira (the checkpoint: not given)", "--residual_scale 1.0 (the checkpoint: not given)",
