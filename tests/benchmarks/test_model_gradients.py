@@ -21,10 +21,16 @@ def test_the_layers_gradients_come_in_step_times_shapes_and_are_seeded(tmp_path)
     grads = model_gradients.layer_gradients(h, i, torch.device("cpu"), seed=0, data_dir=tmp_path)
     assert [tuple(g.shape) for g in grads] == list(step_time.layer_shapes(h, i).values())
     assert all(g.dtype == torch.float32 and torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
+    # Seeded: the same gradients again, to the float rounding of the BLAS (MKL's GEMM may round differently with its
+    # buffers' memory alignment, so bit-equality failed once in many runs), and other ones from another seed.
     again = model_gradients.layer_gradients(h, i, torch.device("cpu"), seed=0, data_dir=tmp_path)
-    assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True))
+    assert max(_relative_difference(a, b) for a, b in zip(grads, again, strict=True)) < 1e-3
     other = model_gradients.layer_gradients(h, i, torch.device("cpu"), seed=1, data_dir=tmp_path)
-    assert not torch.equal(grads[0], other[0])
+    assert min(_relative_difference(a, b) for a, b in zip(grads, other, strict=True)) > 0.1
+
+
+def _relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.linalg.norm(a - b) / torch.linalg.norm(a))
 
 
 def test_without_the_corpus_it_says_how_to_fetch_it(tmp_path):
