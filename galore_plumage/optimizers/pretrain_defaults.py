@@ -133,8 +133,11 @@ def pretrains_as_large_batch(spec: OptimizerSpec, tokens_per_update: int, num_up
     a run this long at this batch pretrains as a large batch does (num_updates None: the run's length unknown)."""
     if threshold is None:
         return False
-    if tokens_per_update >= threshold:
-        return True
+    return tokens_per_update >= threshold or _long_enough_for_a_large_batch(spec, tokens_per_update, num_updates)
+
+
+def _long_enough_for_a_large_batch(spec: OptimizerSpec, tokens_per_update: int, num_updates: int | None) -> bool:
+    """Whether PRETRAIN_LONG_RUN_LARGE_BATCH says a run this long at this batch pretrains as a large batch does."""
     tokens, updates = PRETRAIN_LONG_RUN_LARGE_BATCH.get((spec.family, spec.backend), (None, None))
     return (tokens is not None and num_updates is not None and not spec.per_layer
             and tokens_per_update >= tokens and num_updates >= updates)
@@ -145,7 +148,7 @@ def _large_batch_for_its_length_only(spec: OptimizerSpec, tokens_per_update: int
     the name's no-floor threshold (PRETRAIN_NO_FLOOR_FROM_TOKENS), the band where its lr was measured."""
     threshold = PRETRAIN_NO_FLOOR_FROM_TOKENS.get((spec.family, spec.backend))
     return (threshold is not None and tokens_per_update < threshold
-            and pretrains_as_large_batch(spec, tokens_per_update, num_updates, threshold))
+            and _long_enough_for_a_large_batch(spec, tokens_per_update, num_updates))
 
 
 def recommended_v_floor(spec: OptimizerSpec, options: dict, tokens_per_update: int,
