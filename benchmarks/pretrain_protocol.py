@@ -196,8 +196,12 @@ def main() -> None:
     for label, runs in finals.items():
         last = [run[-1] for run in runs]
         finite = all(math.isfinite(v) for v in last)
-        sd = statistics.stdev(last) if finite and len(last) > 1 else math.nan
-        mean = f"{statistics.fmean(last):.4f} ± {sd:.4f}" if finite else "diverged"
+        if not finite:
+            mean = "diverged"
+        elif len(last) > 1:
+            mean = f"{statistics.fmean(last):.4f} ± {statistics.stdev(last):.4f}"
+        else:  # one seed has no spread to show
+            mean = f"{last[0]:.4f} (one seed)"
         rise = max(max_rise(run) for run in runs) if finite else math.inf
         compare = args.reference in finals and label != args.reference
         reference = [r[-1] for r in finals[args.reference]] if compare else []

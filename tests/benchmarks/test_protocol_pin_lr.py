@@ -83,3 +83,17 @@ def test_every_arm_pinned_runs_all_seeds_in_one_batch_once_each(monkeypatch, tmp
     assert set(batches[0]) == expected and len(batches[0]) == len(expected)
     assert all(not batch for batch in batches[1:])
     assert "| galore_recipe_vfloor | 0.01 | 4.0000 | 4.0200 | 4.0400 |" in (tmp_path / "all_pinned_compare.md").read_text()
+
+
+def test_one_seed_reports_its_loss_without_a_spread(monkeypatch, tmp_path):
+    """A one-seed report shows the seed's loss as its mean, not '± nan' (stdev needs two seeds)."""
+    monkeypatch.setattr(pretrain_protocol, "ensure", lambda args, label, lr, seed: [5.0, 4.0 + lr])
+    monkeypatch.setattr(pretrain_protocol, "plot_losses", lambda *a, **k: None)
+    monkeypatch.setattr(pretrain_protocol, "load_run", lambda *a, **k: (None, []))
+    monkeypatch.setattr(sys, "argv", ["pretrain_protocol.py", "--arms", "galore_recipe,adamw", "--pin_lr",
+                                      "galore_recipe=5e-3,adamw=1e-3", "--seeds", "0",
+                                      "--out", str(tmp_path), "--name", "one_seed"])
+    pretrain_protocol.main()
+    report = (tmp_path / "one_seed_compare.md").read_text()
+    assert "nan" not in report
+    assert "| galore_recipe | 0.005 | 4.0050 | 4.0050 (one seed) |" in report
