@@ -23,11 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 from plumage_flags import with_family_pins  # benchmarks/ is on sys.path when this file runs
+from protocol_statistics import mean_sd
 from run_cache import run_or_reuse
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,12 +138,6 @@ def run_arm(args, method: str, lr: float, seed: int) -> dict:
     if summary is None:
         raise SystemExit(f"{out} holds no finished run of the current command; run without --report-only")
     return summary
-
-
-def mean_sd(values: list[float], fmt: str) -> str:
-    if len(set(values)) == 1:  # one seed, or a quantity the seed does not change (state bytes)
-        return format(values[0], fmt)
-    return f"{format(statistics.mean(values), fmt)} ± {format(statistics.stdev(values), fmt)}"
 
 
 def sweep_arm(args, method: str, seeds: list[int]) -> tuple[dict[float, float], float, list[dict]]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from plot_runs import load_run, plot_losses  # noqa: E402
 from plumage_flags import with_family_pins  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 from protocol_arms import ARMS, REFERENCE, WARMUP_FRACTION  # noqa: E402
-from protocol_statistics import max_rise, paired, spread_test  # noqa: E402
+from protocol_statistics import max_rise, mean_sd, paired, spread_test  # noqa: E402
 from run_cache import run_or_reuse  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 
 from galore_plumage.training import DIVERGED  # noqa: E402
@@ -196,12 +195,7 @@ def main() -> None:
     for label, runs in finals.items():
         last = [run[-1] for run in runs]
         finite = all(math.isfinite(v) for v in last)
-        if not finite:
-            mean = "diverged"
-        elif len(last) > 1:
-            mean = f"{statistics.fmean(last):.4f} ± {statistics.stdev(last):.4f}"
-        else:  # one seed has no spread to show
-            mean = f"{last[0]:.4f} (one seed)"
+        mean = mean_sd(last, ".4f") if finite else "diverged"
         rise = max(max_rise(run) for run in runs) if finite else math.inf
         compare = args.reference in finals and label != args.reference
         reference = [r[-1] for r in finals[args.reference]] if compare else []

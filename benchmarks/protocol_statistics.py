@@ -1,10 +1,17 @@
-"""The protocol's statistics over seeds: the paired difference to the reference arm with its t, the Pitman–Morgan
-test of equal spread for paired runs, and a curve's largest rise (a divergence shows as a jump)."""
+"""The protocol's statistics over seeds: mean ± sd, the paired difference to the reference arm with its t, the
+Pitman–Morgan test of equal spread for paired runs, and a curve's largest rise (a divergence shows as a jump)."""
 
 from __future__ import annotations
 
 import math
 import statistics
+
+
+def mean_sd(values: list[float], fmt: str) -> str:
+    """Mean ± sample sd over seeds; a single value where there is no spread to show."""
+    if len(set(values)) == 1:  # one seed, or a quantity the seed does not change (state bytes)
+        return format(values[0], fmt)
+    return f"{format(statistics.mean(values), fmt)} ± {format(statistics.stdev(values), fmt)}"
 
 
 def max_rise(curve: list[float]) -> float:

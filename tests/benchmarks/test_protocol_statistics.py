@@ -50,3 +50,9 @@ def test_ratio_and_cell():
     assert protocol_statistics.spread_test(reference, [1.0, math.inf, 2.0, 3.0]) == ""
     with pytest.raises(ValueError, match="same >= 3 seeds"):
         protocol_statistics.pitman_morgan([1.0, 2.0], [1.0, 2.0])
+
+
+def test_mean_sd_shows_the_spread_over_seeds_and_a_lone_value_without_one():
+    assert protocol_statistics.mean_sd([1.0, 2.0, 3.0], ".2f") == "2.00 ± 1.00"
+    assert protocol_statistics.mean_sd([3.5259], ".4f") == "3.5259"
+    assert protocol_statistics.mean_sd([12.0, 12.0], ".1f") == "12.0"  # a quantity the seed does not change
