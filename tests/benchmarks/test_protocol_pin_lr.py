@@ -7,8 +7,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import pretrain_protocol  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_curves(monkeypatch):
+    """The report's plot reads runs that these recorders never wrote: draw nothing."""
+    monkeypatch.setattr(pretrain_protocol, "plot_losses", lambda *a, **k: None)
+    monkeypatch.setattr(pretrain_protocol, "load_run", lambda *a, **k: (None, []))
 
 
 def test_a_pinned_arm_runs_only_its_pinned_lr(monkeypatch, tmp_path):
@@ -19,8 +28,6 @@ def test_a_pinned_arm_runs_only_its_pinned_lr(monkeypatch, tmp_path):
         return [5.0, 4.0 + abs(lr - 5e-3)]  # eval losses: the grid's best is 5e-3
 
     monkeypatch.setattr(pretrain_protocol, "ensure", fake_run)
-    monkeypatch.setattr(pretrain_protocol, "plot_losses", lambda *a, **k: None)
-    monkeypatch.setattr(pretrain_protocol, "load_run", lambda *a, **k: (None, []))
     monkeypatch.setattr(sys, "argv", ["pretrain_protocol.py", "--arms", "galore_recipe,galore_recipe_vfloor,adamw",
                                       "--pin_lr", "galore_recipe_vfloor=1.4e-2", "--lr_grid", "adamw=4e-3:6e-3",
                                       "--seeds", "0,1",
@@ -72,8 +79,6 @@ def test_every_arm_pinned_runs_all_seeds_in_one_batch_once_each(monkeypatch, tmp
 
     monkeypatch.setattr(pretrain_protocol, "ThreadPoolExecutor", RecordingPool)
     monkeypatch.setattr(pretrain_protocol, "ensure", lambda args, label, lr, seed: [5.0, 4.0 + seed * (0.01 + lr)])
-    monkeypatch.setattr(pretrain_protocol, "plot_losses", lambda *a, **k: None)
-    monkeypatch.setattr(pretrain_protocol, "load_run", lambda *a, **k: (None, []))
     monkeypatch.setattr(sys, "argv", ["pretrain_protocol.py", "--arms", "galore_recipe,galore_recipe_vfloor",
                                       "--pin_lr", "galore_recipe=5e-3,galore_recipe_vfloor=1e-2", "--seeds", "0,1,2",
                                       "--out", str(tmp_path), "--name", "all_pinned"])
@@ -88,8 +93,6 @@ def test_every_arm_pinned_runs_all_seeds_in_one_batch_once_each(monkeypatch, tmp
 def test_one_seed_reports_its_loss_without_a_spread(monkeypatch, tmp_path):
     """A one-seed report shows the seed's loss as its mean, not '± nan' (stdev needs two seeds)."""
     monkeypatch.setattr(pretrain_protocol, "ensure", lambda args, label, lr, seed: [5.0, 4.0 + lr])
-    monkeypatch.setattr(pretrain_protocol, "plot_losses", lambda *a, **k: None)
-    monkeypatch.setattr(pretrain_protocol, "load_run", lambda *a, **k: (None, []))
     monkeypatch.setattr(sys, "argv", ["pretrain_protocol.py", "--arms", "galore_recipe,adamw", "--pin_lr",
                                       "galore_recipe=5e-3,adamw=1e-3", "--seeds", "0",
                                       "--out", str(tmp_path), "--name", "one_seed"])
