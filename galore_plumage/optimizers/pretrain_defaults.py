@@ -56,8 +56,9 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 # The same factor holds there without the floor (session 67): where such a run pretrains as a large batch for its
 # length (PRETRAIN_LONG_RUN_LARGE_BATCH, below the no-floor threshold), no floor with Fira's complement at 0.7 x the
 # library's 1e-2, 7e-3, led 1e-2 at 2000 updates on every seed of three (+0.027 / +0.034 / +0.027, t = 12.1, ahead
-# from update 750 on; 1.4e-2 0.006 behind 1e-2 on seed 0). From 4,096 tokens an update (a large batch by its size) no
-# factor: a long run there is unmeasured.
+# from update 750 on; 1.4e-2 0.006 behind 1e-2 on seed 0), and at 5000 updates on the same source read ~2.1 times the
+# two are level (1e-2 − 7e-3 −0.023 / −0.026 / +0.039, t = 0.2; session 73). From 4,096 tokens an update (a large
+# batch by its size) no factor: a long run there is unmeasured.
 PRETRAIN_LONG_RUN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (1000, 0.7)}
 
 
