@@ -26,7 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..projectors.checks import SOLVERS, check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
+from ..projectors.checks import (
+    SOLVERS,
+    check_bool,
+    check_max_inv_p,
+    check_pool_factor,
+    check_resample_every,
+    check_sample_until,
+    check_solver,
+)
 from .moment_floor import V_FLOORS, check_horizon
 from .residual import (
     LIMITERS,
@@ -245,6 +253,10 @@ OPTIONS: tuple[Option, ...] = (
            "top pool_factor·rank singular vectors, moving the moments along (the paper's κ); 0 = only at a refresh",
            check_resample_every, (-1, 1.5, True, "2", None), plumage=1, to_projector=True, parse=int,
            applies=_needs_sampling),
+    Option("sample_until", None, "plumage: sample the basis at refreshes before this update only; from it on each "
+           "refresh keeps the top rank singular vectors (GaLore's basis, 1/p = 1; biased) and no draw changes it. None "
+           "= sample throughout (the paper)", check_sample_until, (0, -5, 2.5, True, "1000"), to_projector=True,
+           parse=int, applies=_needs_sampling),
     Option("pool_factor", 2, "plumage with resample_every > 0: the pool a refresh keeps for the draws holds the top "
            "pool_factor x rank singular vectors (dim x pool_factor*rank floats per weight)", check_pool_factor,
            (1, 2.5, True, "3", None), to_projector=True, parse=int, applies=_needs_sampling),

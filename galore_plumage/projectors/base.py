@@ -21,7 +21,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from .checks import check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_solver
+from .checks import check_bool, check_max_inv_p, check_pool_factor, check_resample_every, check_sample_until, check_solver
 from .interval import cosine_mean, next_interval, principal_overlap
 from .modes import PROJ_TYPES, add_product, along, mode_product, onto_basis, projected_modes
 from .pool import Basis, Pool, stored_in_bf16
@@ -75,6 +75,7 @@ class Projector:
         pool_factor: int = 2,
         align_signs: bool = False,
         pool_bf16: bool = False,
+        sample_until: int | None = None,
     ):
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
@@ -96,6 +97,10 @@ class Projector:
         if resample_every and not self.rescales:
             raise ValueError(f"resample_every={resample_every!r} draws PLUMAGE's sample again, but projector "
                              f"{self.name!r} does not sample; use projector='plumage' or leave resample_every at 0")
+        check_sample_until(sample_until)
+        if sample_until is not None and not self.rescales:
+            raise ValueError(f"sample_until={sample_until!r} ends PLUMAGE's sampling, but projector {self.name!r} "
+                             "does not sample; use projector='plumage' or leave sample_until unset")
         check_pool_factor(pool_factor)
         check_bool("pool_bf16")(pool_bf16)
         if pool_bf16 and not self.rescales:
@@ -116,6 +121,7 @@ class Projector:
         self.solver = solver  # "auto" is resolved per refresh, by the gradient's device (solver_on)
         self.max_inv_p = None if max_inv_p is None or max_inv_p == math.inf else float(max_inv_p)  # inf: no cap
         self.resample_every, self.pool_factor, self.pool_bf16 = resample_every, pool_factor, pool_bf16
+        self.sample_until = sample_until
         # the dtype projections are computed in (float32, or float64 for float64 gradients): the factors' own dtype,
         # unless they are views of a pool stored in bfloat16
         self._compute: torch.dtype | None = None
@@ -157,8 +163,10 @@ class Projector:
         A projector that is `from_spectrum` provides _basis_from_spectrum instead: refresh decomposes for it."""
         raise NotImplementedError
 
-    def _basis_from_spectrum(self, decomposition, ranks: dict[int, int], generator: torch.Generator) -> Basis | None:
-        """A new basis from a `spectrum.Singular` (σ descending and a way to cut singular vectors); from_spectrum only."""
+    def _basis_from_spectrum(self, decomposition, ranks: dict[int, int], generator: torch.Generator,
+                             step: int) -> Basis | None:
+        """A new basis from a `spectrum.Singular` (σ descending and a way to cut singular vectors) at the refresh of
+        update `step`; from_spectrum only."""
         raise NotImplementedError(f"projector {self.name!r} does not build its basis from a spectrum")
 
     def _ranks(self, shape: tuple[int, ...]) -> dict[int, int]:
@@ -211,7 +219,7 @@ class Projector:
             basis = None
             if decomposition is not None:
                 basis = self._basis_from_spectrum(decomposition._replace(usable=usable if self.checks_after else None),
-                                                  ranks, generator)
+                                                  ranks, generator, step)
         else:
             basis = self._new_basis(grad.detach().to(compute_dtype(grad)), ranks, generator)
         if basis is None:
@@ -293,7 +301,7 @@ class Projector:
             generator = refresh_generator(self.seed, self.index, self.refresh_count)
             spectrum = Singular(decomposition.sigma,
                                 lambda mode, columns: _row_major(decomposition.factor(mode, columns)), usable)
-            basis = self._basis_from_spectrum(spectrum, ranks, generator)
+            basis = self._basis_from_spectrum(spectrum, ranks, generator, step)
         return self._install_or_skip(basis, shape, ranks, step, usable)
 
     def refresh_seeded(self, shape: tuple[int, ...], step: int, dtype: torch.dtype, device: torch.device) -> bool:
@@ -321,7 +329,7 @@ class Projector:
         vectors = torch.eye(n, dtype=dtype, device=device)  # no decomposition: a large one would take minutes
         sigma = torch.linspace(1.0, 0.5, n, dtype=dtype, device=device)
         spectrum = Singular(sigma, lambda mode, columns: _row_major(vectors[:, columns]))
-        basis = self._basis_from_spectrum(spectrum, ranks, refresh_generator(self.seed, self.index, 0))
+        basis = self._basis_from_spectrum(spectrum, ranks, refresh_generator(self.seed, self.index, 0), 0)
         self._install_or_skip(basis, shape, ranks, 0)
 
     def _install_or_skip(self, basis: Basis | None, shape: tuple[int, ...], ranks: dict[int, int], step: int,

@@ -1,7 +1,7 @@
 """The checks of the projector options that the optimizers' options table also declares (max_inv_p, resample_every,
-solver, pool_factor, the true/false ones): written once here, where the projector needs them, and imported by
-optimizers/options.py as each option's check, so a message never differs between `build_projector(...)` and
-`--flag`."""
+sample_until, solver, pool_factor, the true/false ones): written once here, where the projector needs them, and
+imported by optimizers/options.py as each option's check, so a message never differs between `build_projector(...)`
+and `--flag`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,12 @@ def check_max_inv_p(value) -> None:
 def check_resample_every(value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"resample_every must be an integer >= 0 (0: draw only at a refresh), got {value!r}")
+
+
+def check_sample_until(value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"sample_until must be an integer >= 1 (the update from which refreshes keep the top rank "
+                         f"singular vectors) or None (sample throughout), got {value!r}")
 
 
 def check_pool_factor(value) -> None:

@@ -15,6 +15,11 @@ a pool and draws the r
 directions again from it every κ updates (Projector.resample; the optimizer carries the moments along), so a tail
 direction is not followed for a whole refresh interval. p is then the min-variance one for σ[:K]: each draw is
 unbiased for G's rank-K truncation, and the pool's p (K values) and vectors (dim × K) are saved with the projector.
+
+`sample_until` = N (default None: sample throughout, the paper) ends the sampling at update N: a refresh from then on
+gives p = 1 to the top r singular vectors and 0 to the rest, so it keeps GaLore's basis with 1/p = 1 and no draw changes
+it. Why one would: on the CPU protocol the draws led GaLore's basis over the first ~1000 updates of a run and trailed
+it after (docs/results.md, session 76).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 
 from .base import Projector
 from .pool import Basis, Pool
-from .sampling import inclusion_probabilities, systematic_sample, systematic_samples
+from .sampling import inclusion_probabilities, systematic_sample, systematic_samples, top_k_probabilities
 
 
 class PlumageProjector(Projector):
@@ -47,7 +52,7 @@ class PlumageProjector(Projector):
         # a GPU whose float64 runs at 1/64 of float32's speed is unmeasured)
         return "gram64"
 
-    def _basis_from_spectrum(self, decomposition, ranks, generator):
+    def _basis_from_spectrum(self, decomposition, ranks, generator, step):
         ((mode, rank),) = ranks.items()
         sigma = decomposition.sigma
         device, dtype = sigma.device, sigma.dtype  # of the vectors and of 1/p; σ itself may move to the host below
@@ -60,7 +65,8 @@ class PlumageProjector(Projector):
             # later draws choose among the top K vectors only, so this refresh's p is the min-variance one for
             # σ[:K]: the estimate is unbiased for G's rank-K truncation (the tail past K is not in the pool)
             sigma = sigma[: min(sigma.numel(), self.pool_factor * rank)]
-        r_star, p = inclusion_probabilities(sigma, rank)
+        sampling = self.sample_until is None or step < self.sample_until
+        r_star, p = inclusion_probabilities(sigma, rank) if sampling else top_k_probabilities(sigma.numel(), rank)
         chosen = systematic_sample(p, rank, generator)
         chosen_p = p[chosen]
         pool = None

@@ -46,6 +46,18 @@ def inclusion_probabilities(sigma: torch.Tensor, k: int) -> tuple[int, torch.Ten
     return r_star, p
 
 
+def top_k_probabilities(n: int, k: int) -> tuple[int, torch.Tensor]:
+    """inclusion_probabilities' (r_star, p) for an estimator that always keeps the k largest of n directions and never
+    another (GaLore's top-k basis): p = 1 for the first min(k, n), 0 after. Biased, but in the same form, so a pool
+    keeps its layout."""
+    if not 1 <= k:
+        raise ValueError(f"k must be >= 1, got {k}")
+    kept = min(k, n)
+    p = torch.zeros(n, dtype=torch.float64)
+    p[:kept] = 1.0
+    return kept, p
+
+
 def systematic_sample(p: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
     """k distinct indices, index i included with probability p[i] (Σp = k, 0 ≤ p ≤ 1): the wheel of fortune.
 

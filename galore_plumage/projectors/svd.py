@@ -19,7 +19,7 @@ class SVDProjector(Projector):
         # float32 squaring loses is the tail this basis drops
         return "gram"
 
-    def _basis_from_spectrum(self, decomposition, ranks, generator):
+    def _basis_from_spectrum(self, decomposition, ranks, generator, step):
         rank = next(iter(ranks.values()))
         energy = decomposition.sigma.double().square()
         captured = energy[:rank].sum() / energy.sum()  # a 0-d tensor: read with the refresh's other figures

@@ -32,6 +32,7 @@ GOOD = {  # a value other than the default for each option, as given on the comm
     "sampled_step": (["--sampled_step", "norm_matched"], "norm_matched"),
     "row_bias_correction": (["--row_bias_correction"], True),
     "resample_every": (["--resample_every", "5"], 5),
+    "sample_until": (["--sample_until", "1000"], 1000),
     "align_signs": (["--align_signs"], True),
     "pool_factor": (["--pool_factor", "3"], 3),
     "pool_bf16": (["--pool_bf16"], True),

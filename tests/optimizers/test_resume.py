@@ -157,9 +157,9 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
     assert set(low_rank_group) == {
         "params", "lr", "betas", "eps", "weight_decay", "correct_bias", "rank", "update_proj_gap", "scale",
         "proj_type", "projector", "realign", "adaptive_interval", "tau_max", "seed", "stagger", "solver", "max_inv_p",
-        "sampled_step", "row_bias_correction", "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
-        "residual_limiter", "residual_scale", "residual_cap", "residual_horizon", "refresh_ema", "v_floor", "v_floor_horizon",
-        "refresh_batch",
+        "sampled_step", "row_bias_correction", "resample_every", "sample_until", "align_signs", "pool_factor", "pool_bf16",
+        "residual", "residual_limiter", "residual_scale", "residual_cap", "residual_horizon", "refresh_ema", "v_floor",
+        "v_floor_horizon", "refresh_batch",
         "foreach", "compile_update",
     }
     state = state_dict["state"][low_rank_group["params"][0]]
@@ -184,7 +184,7 @@ def test_golden_state_layout_of_a_plumage_adamw_weight():
 def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults():
     """Group keys added since the first release (solver, max_inv_p, sampled_step, row_bias_correction, resample_every,
     align_signs, pool_factor, pool_bf16, residual, residual_limiter, residual_scale, residual_cap, residual_horizon,
-    refresh_ema, v_floor, v_floor_horizon) are missing
+    refresh_ema, v_floor, v_floor_horizon, sample_until) are missing
     from older checkpoints; loading one fills the values those runs were trained with (whatever today's defaults), and
     the run continues exactly as with a checkpoint that has them."""
     model, generator = _model(torch.float32), torch.Generator().manual_seed(2)
@@ -200,7 +200,7 @@ def test_checkpoint_from_before_the_newest_group_keys_loads_with_their_defaults(
                                if k not in ("solver", "max_inv_p", "sampled_step", "row_bias_correction",
                                             "resample_every", "align_signs", "pool_factor", "pool_bf16", "residual",
                                             "residual_limiter", "residual_scale", "residual_cap", "residual_horizon",
-                                            "refresh_ema", "v_floor", "v_floor_horizon")}
+                                            "refresh_ema", "v_floor", "v_floor_horizon", "sample_until")}
                               for g in current["param_groups"]]}
     twins = []
     for state_dict in (current, older):
