@@ -30,14 +30,13 @@ class Pool:
     vectors: torch.Tensor
     p: torch.Tensor
     order: torch.Tensor | None = None  # None (a new pool, or a checkpoint before session 8): descending-σ order
-    # whether a draw may differ from the current one (some p strictly between 0 and 1; p of only 0 and 1 always picks
-    # the same vectors): read once, as draws only permute p
+    # some vector may be left out of a draw (a p below 1): read once, as draws only permute p
     leaves_some_out: bool = field(init=False)
 
     def __post_init__(self):
         if self.order is None:
             self.order = torch.arange(self.p.numel())
-        self.leaves_some_out = bool(((self.p > 0) & (self.p < 1)).any())
+        self.leaves_some_out = bool((self.p < 1).any())
 
     def canonical(self) -> torch.Tensor:
         """p in descending-σ order."""
