@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from galore_plumage.optimizers import optimizer_spec, recommended_regular_lr_ratio
+from galore_plumage.optimizers import PRETRAIN_SAMPLE_UNTIL, optimizer_spec, recommended_regular_lr_ratio
 from galore_plumage.optimizers.options import BY_KEY
 
 # the paper's estimator; an arm names each option in this order (run_cache compares recorded commands)
@@ -33,24 +33,29 @@ def plumage_flags(**options) -> list[str]:
 # plumage_adamw's regular group 2x its lr in pretraining (regular_lr_ratio 2), and before session 36 shortened the
 # floor's warm-up to 200 updates (v_floor_horizon 200): a benchmark names it on every plumage_* arm (with_family_pins),
 # and a run recorded without these flags ran with these values (run_cache reads this table to reuse it).
+# Since session 77 a long run of plumage_adafactor draws over its first 1000 updates only (PRETRAIN_SAMPLE_UNTIL):
+# --sample_until none keeps an arm drawing throughout, as every run before it did.
 FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none", "--v_floor_horizon": "none", "--solver": "svd",
-               "--regular_lr_ratio": "1"}
+               "--sample_until": "none", "--regular_lr_ratio": "1"}
 
 
 def family_pins(optimizer: str, pretraining: bool = True) -> list[str]:
     """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor (and m2's own warm-up where an arm
-    names the floor), refreshed by SVD, at one lr ([] for other names); --v_floor and its horizon only where the
-    options table lets the backend take them (the others refuse the flags), the ratio only for torchrun_main.py
-    (`pretraining`; run_glue.py has one lr) and where the name's default is not 1."""
+    names the floor), refreshed by SVD, drawing throughout, at one lr ([] for other names); --v_floor and its horizon
+    only where the options table lets the backend take them (the others refuse the flags), --sample_until and the
+    ratio only for torchrun_main.py (`pretraining`; run_glue.py has one lr and derives neither) and where the name
+    derives them (a sample_until rule; a ratio other than 1)."""
     spec = optimizer_spec(optimizer)
     if spec.family != "plumage":
         return []
     floors = BY_KEY["v_floor"].applies(spec.backend, None) is None
     one_lr = pretraining and recommended_regular_lr_ratio(spec) != 1
+    draws_throughout = pretraining and (spec.family, spec.backend) in PRETRAIN_SAMPLE_UNTIL
     return (["--projector", FAMILY_PINS["--projector"]]
             + (["--v_floor", FAMILY_PINS["--v_floor"], "--v_floor_horizon", FAMILY_PINS["--v_floor_horizon"]]
                if floors else [])
             + ["--solver", FAMILY_PINS["--solver"]]
+            + (["--sample_until", FAMILY_PINS["--sample_until"]] if draws_throughout else [])
             + (["--regular_lr_ratio", FAMILY_PINS["--regular_lr_ratio"]] if one_lr else []))
 
 
@@ -59,5 +64,7 @@ def with_family_pins(optimizer: str, flags: list[str], pretraining: bool = True)
     --regular_lr sets its regular group's lr, and takes no ratio)."""
     pins = family_pins(optimizer, pretraining)
     named = set(flags) | ({"--regular_lr_ratio"} if "--regular_lr" in flags else set())
+    if "--projector" in flags and flags[flags.index("--projector") + 1] != FAMILY_PINS["--projector"]:
+        named.add("--sample_until")  # a projector that does not sample refuses the flag, and derives none
     extra = [item for flag, value in zip(pins[::2], pins[1::2], strict=True) if flag not in named for item in (flag, value)]
     return [*flags, *extra]

@@ -255,8 +255,9 @@ OPTIONS: tuple[Option, ...] = (
            applies=_needs_sampling),
     Option("sample_until", None, "plumage: sample the basis at refreshes before this update only; from it on each "
            "refresh keeps the top rank singular vectors (GaLore's basis, 1/p = 1; biased) and no draw changes it. None "
-           "= sample throughout (the paper)", check_sample_until, (0, -5, 2.5, True, "1000"), to_projector=True,
-           parse=int, applies=_needs_sampling),
+           "= sample throughout (the paper); torchrun_main.py's plumage_adafactor draws until update 1000 in a run of "
+           "5000 updates or more (optimizers.PRETRAIN_SAMPLE_UNTIL)", check_sample_until, (0, -5, 2.5, True, "1000"),
+           to_projector=True, parse=parse_optional_int, applies=_needs_sampling),
     Option("pool_factor", 2, "plumage with resample_every > 0: the pool a refresh keeps for the draws holds the top "
            "pool_factor x rank singular vectors (dim x pool_factor*rank floats per weight)", check_pool_factor,
            (1, 2.5, True, "3", None), to_projector=True, parse=int, applies=_needs_sampling),

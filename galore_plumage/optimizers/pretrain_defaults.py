@@ -206,3 +206,25 @@ def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, tokens_per_u
     if preset is not None or threshold is None or tokens_per_update < threshold:
         return None
     return horizon if _floor_in_effect(spec, options) == "m2" else None
+
+
+# Where torchrun_main.py pretrains PLUMAGE's draws over a long run's first updates only (sample_until: from then on each
+# refresh keeps GaLore's top-r basis), as (from this many updates (--num_training_steps) up, the update the draws end
+# at), where --sample_until is not given, the projector in effect samples and no preset is named. The draws' gain over
+# GaLore's Adafactor recipe is a warm-up's: +0.108 at 600 updates of 512 tokens (five seeds), +0.023 at 2000 (three;
+# sessions 42 and 51), and at 5000 they lead it to update 1000 and trail from 1250 on, ending 0.053 behind (three seeds;
+# sessions 76-77). With the draws until update 1000 and the basis after, at the draws' lr, 5000 updates end level with
+# GaLore's recipe at its best lr (docs/results.md §3, session 77). Between 2000 and 5000 updates it is unmeasured.
+PRETRAIN_SAMPLE_UNTIL: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adafactor"): (5000, 1000)}
+
+
+def recommended_sample_until(spec: OptimizerSpec, options: dict, projector: str | None, preset: str | None = None,
+                             num_updates: int | None = None) -> int | None:
+    """The sample_until torchrun_main.py gives a name (under `preset`, with the low-rank `options` and the --projector
+    given) for a run of `num_updates`: PRETRAIN_SAMPLE_UNTIL's from its number of updates up where the projector in
+    effect is PLUMAGE's and --sample_until is not given, else None (sample throughout; a preset keeps what it was
+    measured with; num_updates None: the run's length unknown)."""
+    from_updates, until = PRETRAIN_SAMPLE_UNTIL.get((spec.family, spec.backend), (None, None))
+    if preset is not None or from_updates is None or num_updates is None or "sample_until" in options:
+        return None
+    return until if (projector or spec.projector) == "plumage" and num_updates >= from_updates else None

@@ -32,6 +32,7 @@ from ..optimizers.pretrain_defaults import (
     recommended_pretrain_lr,
     recommended_regular_lr_ratio,
     recommended_residual,
+    recommended_sample_until,
     recommended_v_floor,
     recommended_v_floor_horizon,
 )
@@ -267,6 +268,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     _derive_v_floor(c)  # the floor, its warm-up and the complement by the batch and the run's length, then the lr by them
     _derive_v_floor_horizon(c)
     _derive_residual(c)
+    _derive_sample_until(c)
     _derive_lr(c)
     _derive_regular_lr(c)
     if c.warmup_steps >= c.num_training_steps and c.scheduler != "constant":
@@ -379,6 +381,15 @@ def _derive_residual(c: TrainConfig) -> None:
                                                        c.preset, num_updates=c.num_training_steps)}
 
 
+def _derive_sample_until(c: TrainConfig) -> None:
+    """PLUMAGE's draws over a long run's first updates only where the optimizer pretrains so at this run's length
+    (optimizers.PRETRAIN_SAMPLE_UNTIL), into the options unless --sample_until was given."""
+    until = recommended_sample_until(optimizer_spec(c.optimizer), c.low_rank, c.projector, c.preset,
+                                     num_updates=c.num_training_steps)
+    if until is not None:
+        c.low_rank = {**c.low_rank, "sample_until": until}
+
+
 def _derive_batch(c: TrainConfig, world_size: int) -> None:
     """gradient_accumulation and total_batch_size from whichever was given (GaLore's arithmetic), checked."""
     per_process = c.batch_size * world_size
@@ -452,6 +463,8 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
                 hint = f"; the floor it ran with: --v_floor_horizon {saved_options.get('v_floor_horizon') or 'none'}"
             elif key == "residual" and key not in saved_options:  # before session 38 no complement at any batch
                 hint = "; as it ran: --residual none"
+            elif key == "sample_until" and key not in saved_options:  # before session 77 plumage_adafactor drew throughout
+                hint = "; as it ran: --sample_until none"
             conflicts.append(f"--{key} {options.get(key, 'not given')} (the checkpoint: "
                              f"{saved_options.get(key, 'not given')}{hint})")
     return conflicts

@@ -81,6 +81,17 @@ def test_a_plumage_run_recorded_before_its_family_was_pinned_is_reused_only_at_t
     assert with_family_pins("plumage_adamw", ["--regular_lr", "2e-2"])[-2:] == ["--solver", "svd"]
     ratio_pinned = [*old[:6], "--projector", "plumage", "--regular_lr_ratio", "2", *old[6:]]
     assert run_or_reuse(ratio_pinned, out, _result, "arm", report_only=True) is None
+    # drawing throughout: only plumage_adafactor derives sample_until (a long run's), only torchrun_main.py takes it, and
+    # an arm on a projector that does not sample is not given it (the flag would be refused)
+    assert family_pins("plumage_adafactor")[-4:-2] == ["--sample_until", "none"]
+    assert "--sample_until" not in (family_pins("plumage_adafactor", pretraining=False) + family_pins("plumage_adamw")
+                                    + family_pins("plumage_sgdm"))
+    assert "--sample_until" not in with_family_pins("plumage_adafactor", ["--projector", "svd"])
+    draws = ["python", "torchrun_main.py", "--optimizer", "plumage_adafactor", "--projector", "plumage", "--solver",
+             "svd", "--regular_lr_ratio", "1", "--save_dir", str(out)]
+    _finished(tmp_path / "d", draws)  # a run recorded before the pin drew throughout: reused under it
+    assert run_or_reuse([*draws[:8], "--sample_until", "none", *draws[8:]], tmp_path / "d", _result, "d",
+                        report_only=True) is not None
 
 
 def _dead_pid() -> int:

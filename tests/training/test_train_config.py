@@ -714,3 +714,38 @@ def test_a_checkpoint_from_before_the_ratio_resumes_with_one_lr():
     (conflict,) = resume_conflicts(saved, parse_config(SHORT_RUN))
     assert conflict == "--regular_lr 0.04 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
     assert resume_conflicts(saved, parse_config([*SHORT_RUN, "--regular_lr_ratio", "1"])) == []
+
+
+@pytest.mark.parametrize("argv, sample_until", [
+    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000"], 1000),
+    (["--optimizer", "plumage_adafactor", "--num_training_steps", "4999"], "absent"),
+    (["--optimizer", "plumage_adafactor", "--max_train_tokens", "2560000", "--batch_size", "8", "--max_length", "64"],
+     1000),  # 5000 updates of 512 tokens
+    (["--optimizer", "plumage_adafactor_per_layer", "--num_training_steps", "5000"], 1000),
+    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000", "--sample_until", "none"], None),
+    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000", "--sample_until", "2000"], 2000),
+    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000", "--projector", "svd"], "absent"),
+    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000", "--preset", "paper"], "absent"),
+    (["--optimizer", "plumage_adamw", "--num_training_steps", "5000", "--projector", "plumage"], "absent"),
+    (["--optimizer", "galore_adafactor", "--num_training_steps", "5000"], "absent"),
+])
+def test_a_long_plumage_adafactor_run_draws_over_its_first_1000_updates(argv, sample_until):
+    """optimizers.PRETRAIN_SAMPLE_UNTIL: plumage_adafactor pretrains with PLUMAGE's draws until update 1000 in a run of
+    5000 updates or more, unless --sample_until is given (as 'none' too), the projector given does not sample, or a
+    preset is named; no other name derives it."""
+    assert parse_config(argv).low_rank.get("sample_until", "absent") == sample_until
+
+
+def test_a_long_plumage_adafactor_checkpoint_from_before_session_77_resumes_drawing_throughout():
+    """A run of 5000 updates saved before PRETRAIN_SAMPLE_UNTIL drew throughout: the conflict names the flag that
+    resumes it as it ran, and that flag clears it."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    argv = ["--optimizer", "plumage_adafactor", "--num_training_steps", "5000"]
+    saved = asdict(parse_config([*argv, "--sample_until", "none"]))
+    del saved["low_rank"]["sample_until"]
+    assert resume_conflicts(saved, parse_config(argv)) == [
+        "--sample_until 1000 (the checkpoint: not given; as it ran: --sample_until none)"]
+    assert resume_conflicts(saved, parse_config([*argv, "--sample_until", "none"])) == []
