@@ -337,7 +337,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
         *ADAFACTOR_DRAWS_RECIPE_RATIO2, *adafactor_draws(resample_every=every)], (1.4e-2, 1e-2)) for every in (5, 20)},
     # ... the draws until update 1000 and GaLore's top-r basis after (sample_until): at 5000 updates the draws led
     # GaLore's recipe to update 1000 and trailed it from 1250 (session 76); after the switch the basis is GaLore's at
-    # the draws' lr, twice GaLore's best, hence the lower lr too
+    # the draws' lr, over three times GaLore's best at 5000 updates (3e-3), hence the lower lrs too
     "plumage_adafactor_draws_recipe_ratio2_until1000": ("plumage_adafactor", [
         *ADAFACTOR_DRAWS_RECIPE_RATIO2, *ADAFACTOR_DRAWS, "--sample_until", "1000"], (1e-2, 7e-3, 5e-3)),
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [

@@ -213,8 +213,9 @@ def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, tokens_per_u
 # at), where --sample_until is not given, the projector in effect samples and no preset is named. The draws' gain over
 # GaLore's Adafactor recipe is a warm-up's: +0.108 at 600 updates of 512 tokens (five seeds), +0.023 at 2000 (three;
 # sessions 42 and 51), and at 5000 they lead it to update 1000 and trail from 1250 on, ending 0.053 behind (three seeds;
-# sessions 76-77). With the draws until update 1000 and the basis after, at the draws' lr, 5000 updates end level with
-# GaLore's recipe at its best lr (docs/results.md §3, session 77). Between 2000 and 5000 updates it is unmeasured.
+# sessions 76-77). With the draws until update 1000 and the basis after, at the draws' lr (1e-2), 5000 updates end 0.036
+# ahead of the draws throughout and still 0.017 behind GaLore's recipe at its best lr (3e-3), each on every seed of
+# three (docs/results.md §3, session 77). Between 2000 and 5000 updates it is unmeasured.
 PRETRAIN_SAMPLE_UNTIL: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adafactor"): (5000, 1000)}
 
 
