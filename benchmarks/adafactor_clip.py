@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from plumage_flags import with_family_pins  # noqa: E402 - benchmarks/ is on sys.path when this file runs
+from pretrain_protocol import command_for, parse_args  # noqa: E402 - benchmarks/ is on sys.path when this file runs
 from protocol_arms import ARMS  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def recording(records: list) -> tuple:
     def clipped_together(grads, row_factors, col_factors, beta2t, eps, clip_threshold):
         updates = together(grads, row_factors, col_factors, beta2t, eps, float("inf"))  # unclipped
         for update in updates:
-            value = float(update.norm() / update.numel() ** 0.5)
+            value = float(one_by_one(update))
             records.append((list(update.shape), value))
             update.div_(max(value / clip_threshold, 1.0))
         return updates
@@ -72,14 +72,14 @@ def measure(argv: list[str], out: Path) -> None:
 
 
 def arm_argv(arm: str, lr: float, args, save_dir: Path) -> list[str]:
+    """torchrun_main.py's arguments for `arm` at `lr`, seed 0: the protocol's own command (pretrain_protocol.command_for,
+    its defaults but the number of updates, the rank and the model) with no evaluation before the last update."""
     optimizer, extra, _ = ARMS[arm]
     if "adafactor" not in optimizer:
         raise SystemExit(f"arm {arm!r} runs {optimizer}, not Adafactor: name an Adafactor arm of protocol_arms.ARMS")
-    return ["--optimizer", optimizer, *with_family_pins(optimizer, extra), "--model_config", args.model_config,
-            "--lr", str(lr), "--batch_size", "8", "--max_length", "64", "--num_training_steps", str(args.updates),
-            "--warmup_steps", str(max(1, args.updates // 10)), "--eval_every", str(10 * args.updates),
-            "--save_every", str(10 * args.updates), "--rank", str(args.rank), "--update_proj_gap", "40",
-            "--seed", "0", "--eval_tokens", "2000", "--save_dir", str(save_dir), "--no-progress"]
+    protocol = parse_args(["--steps", str(args.updates), "--rank", str(args.rank), "--model_config", args.model_config,
+                           "--eval_every", str(10 * args.updates), "--eval_tokens", "2000"])
+    return command_for(optimizer, extra, 0, lr, protocol, save_dir)[2:]  # without the interpreter and the script
 
 
 def summary_rows(arm: str, lr: float, records: list, rank: int, parts: int) -> list[str]:
