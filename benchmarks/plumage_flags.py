@@ -14,7 +14,7 @@ COMPLEMENT = {"residual_limiter": "fira", "residual_scale": 1.0, "residual_cap":
 
 def plumage_flags(**options) -> list[str]:
     """torchrun_main.py flags for the paper's estimator with `options` changed (bools as --key / --no-key; None leaves
-    the key out, for a backend that refuses it: Adafactor takes no row_bias_correction)."""
+    the key out, for a backend that refuses it, or for an arm recorded before its backend took the key)."""
     complement = COMPLEMENT if options.get("residual", PAPER["residual"]) != "none" else {}
     chosen = {**PAPER, **complement, **options}  # a merge keeps each key where it first came: PAPER's order, then these
     flags = []

@@ -18,9 +18,9 @@ H10 = dict(max_inv_p=1, resample_every=1, residual="norm_matched", residual_limi
 
 
 def adafactor_draws(**overrides) -> list[str]:
-    """plumage_adafactor's draws as H10 sets them, with `overrides` (Adafactor refuses row_bias_correction, an AdamW
-    option: left out)."""
-    return plumage_flags(**{**H10, **overrides}, row_bias_correction=None)
+    """plumage_adafactor's draws as H10 sets them, with `overrides` (row_bias_correction left out unless overridden:
+    Adafactor refused it until session 79, and the arms recorded before name no such flag)."""
+    return plumage_flags(**{**H10, "row_bias_correction": None, **overrides})
 
 
 ADAFACTOR_DRAWS = adafactor_draws()
@@ -340,6 +340,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # the draws' lr, over three times GaLore's best at 5000 updates (3e-3), hence the lower lrs too
     "plumage_adafactor_draws_recipe_ratio2_until1000": ("plumage_adafactor", [
         *ADAFACTOR_DRAWS_RECIPE_RATIO2, *ADAFACTOR_DRAWS, "--sample_until", "1000"], (1e-2, 7e-3, 5e-3)),
+    # ... each basis direction's second-moment factor bias-corrected by its own age (session 79): an entering one no
+    # longer steps t^0.4 times a settled one's size, which made Adafactor's update clip shrink the whole step (session 78)
+    "plumage_adafactor_draws_recipe_ratio2_rowbias": ("plumage_adafactor", [
+        *ADAFACTOR_DRAWS_RECIPE_RATIO2, *adafactor_draws(row_bias_correction=True)], (5e-3, 3e-3, 1e-2)),
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
         (5e-3, 1e-2, 3e-3)) for name, complement in (("", []), ("_fira", ["--residual", "norm_matched",

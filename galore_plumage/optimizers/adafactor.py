@@ -74,6 +74,21 @@ compiled_directions_together = Compiled(factored_directions_together, "Adafactor
                                                                        "stepped together")
 
 
+def _age_corrected(state: dict, row: torch.Tensor, col: torch.Tensor, rows: int,
+                   beta2t: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The factors with the basis's one (the row factor if `rows` is 0, the column factor if 1) divided entry by entry
+    by each basis direction's own weight c ← β2ₜ c + (1 − β2ₜ) (row_bias_correction; c is carried like its factor at
+    a refresh, realign). Adafactor's β2ₜ is 0 on its first update, so c = 1 for every direction in the basis since:
+    the plain estimate. A direction that entered at a draw has its factor entry carried as 0, so its next V̂ would be
+    (1 − β2ₜ) times its mean square and it would move t^0.4 times as far as a settled one (16x at update 1000), and
+    the update clip would shrink every direction's step with it; with c = 1 − β2ₜ it reads its own mean square."""
+    if "row_bias2" not in state:  # factors from before the option was on are settled: c = 1 (the next line keeps it)
+        state["row_bias2"] = torch.ones_like(col if rows else row)
+    weight = state["row_bias2"].mul_(beta2t).add_(1.0 - beta2t)
+    corrected = (col if rows else row) / weight.clamp_min(torch.finfo(weight.dtype).tiny)
+    return (row, corrected) if rows else (corrected, col)
+
+
 def _mean_over_rows(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.mean(dim=-2)
 
@@ -145,6 +160,8 @@ class AdafactorBackend(Backend):
             row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
             row.mul_(beta2t).add_(update.mean(dim=-1), alpha=1.0 - beta2t)
             col.mul_(beta2t).add_(self._mean_over_rows(update), alpha=1.0 - beta2t)
+            if group.get("row_bias_correction") and rows is not None:
+                row, col = _age_corrected(state, row, col, rows, beta2t)
             update = _inverse_sqrt_factored(row, col, self._mean_of_row_factor(row)).mul_(grad)
         else:
             state["exp_avg_sq"].mul_(beta2t).add_(update, alpha=1.0 - beta2t)
@@ -227,9 +244,13 @@ class AdafactorBackend(Backend):
         if rule == "m":
             return
         if "exp_avg_sq_row" in state:
+            corrected = "row_bias2" in state  # row_bias_correction: V̂ reads the basis's factor over its weight
             state["exp_avg_sq_row"], state["exp_avg_sq_col"] = realign_factored(
-                state["exp_avg_sq_row"], state["exp_avg_sq_col"], projector
+                state["exp_avg_sq_row"], state["exp_avg_sq_col"], projector, rescale_col=not corrected
             )
+            if corrected:  # a direction's weight travels like its factor entry: what it inherits from the old ones
+                (mode,) = projector.factors
+                state["row_bias2"] = projector.transport_vector(state["row_bias2"], mode, squared=True)
         else:
             _, state["exp_avg_sq"] = realign_dense(None, state["exp_avg_sq"], projector, "mv")
 

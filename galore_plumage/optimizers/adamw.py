@@ -80,9 +80,6 @@ class AdamWBackend(Backend):
         if group.get("v_floor") == "m2_corrected" and group.get("row_bias_correction"):
             raise ValueError("v_floor='m2_corrected' bounds V by the global bias correction, which "
                              "row_bias_correction=True replaces per row: drop one of them")
-        if group.get("compile_update") and group.get("row_bias_correction"):
-            raise ValueError("compile_update=True fuses AdamW's plain update; row_bias_correction=True takes another "
-                             "path: drop one of them")
 
     def update(self, state, grad, group, param, rows=None):
         beta1, beta2 = group["betas"]

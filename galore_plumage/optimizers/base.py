@@ -335,6 +335,9 @@ class LowRankOptimizer(Optimizer):
                 raise ValueError(f"{key}={group[key]!r} (low-rank group {index}) needs a one-sided projection; got "
                                  f"projector {spec.name!r}, proj_type {group['proj_type']!r}: drop {key}, or set "
                                  f"{key}={BY_KEY[key].default!r} where it is the optimizer's default")
+        if group["compile_update"] and group["row_bias_correction"]:
+            raise ValueError(f"{where}compile_update=True fuses the backend's plain update; row_bias_correction=True "
+                             "takes another path: drop one of them")
         # the projector validates rank, gap, scale, proj_type, and tau_max against the gap
         build_projector(spec.name, group["rank"], **projector_options(group))
         for position, param in enumerate(group["params"]):

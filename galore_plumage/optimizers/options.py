@@ -161,8 +161,8 @@ def _check_optional_bool(key: str) -> Callable[[Any], None]:
     return check
 
 
-def _needs_adamw(backend: str, projector_cls) -> str | None:
-    return None if backend == "adamw" else f"it needs the adamw backend, not {backend!r}"
+def _needs_adamw_or_adafactor(backend: str, projector_cls) -> str | None:
+    return None if backend in ("adamw", "adafactor") else f"it needs the adamw or adafactor backend, not {backend!r}"
 
 
 def _needs_compilable(backend: str, projector_cls) -> str | None:
@@ -299,9 +299,10 @@ OPTIONS: tuple[Option, ...] = (
            "gradient's signal rather than one batch's noise; costs a full-size float32 buffer per weight and the full "
            "gradient at every step; 0 = galore-torch's refresh", _check_refresh_ema, (1, -0.1, 1.5, math.nan, True, "0.9"),
            parse=float),
-    Option("row_bias_correction", False, "adamw: bias-correct each basis row by its own age, so a direction entering "
-           "at a refresh starts at Adam's step size", check_bool("row_bias_correction"), ("yes", 1, None),
-           applies=_needs_adamw),
+    Option("row_bias_correction", False, "adamw, adafactor: bias-correct each basis row by its own age, so a direction "
+           "entering at a refresh starts at Adam's step size (adafactor: its second-moment factor, so the update clip "
+           "does not shrink the whole step after a draw)", check_bool("row_bias_correction"), ("yes", 1, None),
+           applies=_needs_adamw_or_adafactor),
     Option("v_floor", "none", "adamw, adamw8bit: before each update of a low-rank weight raise the second moment to at least the "
            "square of the mean: 'm2' (V ← max(V, M²) on the raw moments: what PLUMAGE's mv_meansplit does to every row "
            "that stays at a draw; in effect a slow warm-up of the low-rank weights' step, by √(1 − β2^t)), "

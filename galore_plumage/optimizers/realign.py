@@ -42,14 +42,16 @@ def realign_dense(
 
 
 def realign_factored(
-    row: torch.Tensor, col: torch.Tensor, projector: Projector
+    row: torch.Tensor, col: torch.Tensor, projector: Projector, rescale_col: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Adafactor's factored second moment carried exactly through (B∘B) along the projected modes.
 
     Adafactor estimates V̂ = row ⊗ col / mean(row) for a 2-D low-rank tensor (row: length R, col: length C).
     Mode 1 (right side): V̂ (B∘B)ᵀ = row ⊗ ((B∘B) col) / mean(row), so col ← (B∘B) col.
     Mode 0 (left side): (B∘B) V̂ = ((B∘B) row) ⊗ col / mean(row); with row' = (B∘B) row the estimate needs
-    col' = col · mean(row') / mean(row) to keep the same normalisation.
+    col' = col · mean(row') / mean(row) to keep the same normalisation. Not with `rescale_col` False: Adafactor's
+    row_bias_correction reads V̂ = (row / c) ⊗ col / mean(row / c), c carried like the row, and a new row's 0 / 0 is its
+    next update's own mean square, so mean(row / c) and the column factor keep their scale through a refresh.
     """
     if not projector.moved:
         return row, col
@@ -61,6 +63,7 @@ def realign_factored(
             col = projector.transport_vector(col, mode, squared=True)
         else:
             new_row = projector.transport_vector(row, mode, squared=True)
-            col = col * (new_row.mean() / row.mean())
+            if rescale_col:
+                col = col * (new_row.mean() / row.mean())
             row = new_row
     return row, col

@@ -30,6 +30,8 @@ CONFIGS = {  # name -> options; min_8bit_size=64 puts these small tensors on the
     # the remedies keep state of their own: the limiter's last norm, each row's bias-correction weights
     "plumage_adamw norm_matched": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED, "sampled_step": "norm_matched"},
     "plumage_adamw row_bias": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED, "row_bias_correction": True},
+    "plumage_adafactor row_bias": {"lr": 1e-2, "relative_step": False, "beta1": 0.9, "weight_decay": 0.1,
+                                   "row_bias_correction": True},
     # a draw between refreshes: the pool, the draw count and the next draw's step are state
     "plumage_adamw resample": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED, "sampled_step": "norm_matched",
                                "resample_every": 1},
