@@ -30,7 +30,7 @@ ADAFACTOR_DRAWS_RECIPE_RATIO2 = ["--beta1", "0.9", "--galore_scale", "0.25", "--
 
 def sgdm_paper(**overrides) -> list[str]:
     """The paper's estimator as plumage_sgdm ran it until session 46 (momentum carried by rule m; no
-    row_bias_correction, an AdamW option), with `overrides`."""
+    row_bias_correction, which SGD momentum refuses), with `overrides`."""
     return plumage_flags(row_bias_correction=None, realign="m", **overrides)
 
 

@@ -27,31 +27,43 @@ PARAM = torch.zeros(1)  # the weight: read for its RMS, which scale_parameter=Fa
 def test_directions_that_never_moved_step_as_plain_adafactor(rows):
     backend, generator = AdafactorBackend(), torch.Generator().manual_seed(0)
     corrected, plain = {"step": 0}, {"step": 0}
-    shape = (RANK, WIDTH) if rows == 0 else (WIDTH, RANK)
     for _ in range(7):
-        grad = torch.randn(shape, generator=generator, dtype=torch.float32)
+        grad = _gaussian(rows, generator)
         corrected["step"] += 1
         plain["step"] += 1
         a = backend.update(corrected, grad, GROUP, PARAM, rows=rows)
         b = backend.update(plain, grad, {**GROUP, "row_bias_correction": False}, PARAM, rows=rows)
         torch.testing.assert_close(a.direction, b.direction, rtol=1e-6, atol=0)
-    torch.testing.assert_close(corrected["row_bias2"], torch.ones(RANK, dtype=torch.float32), rtol=1e-6, atol=0)
+    torch.testing.assert_close(corrected["row_bias2"], torch.ones(RANK), rtol=1e-6, atol=0)
 
 
 def _projector_moving_two_of_three(side: str) -> SVDProjector:
     """An SVD projector refreshed twice, on gradients spanned by basis vectors {0, 1, 2} and then {0, 3, 4}: the
     second basis keeps its first direction and takes two new ones (B's rows: ±e₀, 0, 0)."""
-    q = torch.linalg.qr(torch.randn(12, 12, generator=torch.Generator().manual_seed(1), dtype=torch.float32)).Q
-    right = torch.linalg.qr(torch.randn(10, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float32)).Q.T
-    scale = torch.diag(torch.tensor([3.0, 2.0, 1.0], dtype=torch.float32))
+    q = torch.linalg.qr(torch.randn(12, 12, generator=torch.Generator().manual_seed(1))).Q
+    right = torch.linalg.qr(torch.randn(10, 3, generator=torch.Generator().manual_seed(2))).Q.T
+    scale = torch.diag(torch.tensor([3.0, 2.0, 1.0]))
     grads = [q[:, columns] @ scale @ right for columns in ([0, 1, 2], [0, 3, 4])]
     projector = SVDProjector(RANK, proj_type=side, update_proj_gap=SETTLE)
     for step, grad in enumerate(grads):
         projector.refresh(grad if side == "left" else grad.T, step * SETTLE)
     (mode,) = projector.factors
     kept = projector.transition[mode].square().sum(dim=1)
-    torch.testing.assert_close(kept, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float32), rtol=0, atol=1e-6)
+    torch.testing.assert_close(kept, torch.tensor([1.0, 0.0, 0.0]), rtol=0, atol=1e-6)
     return projector
+
+
+def _stepped(updates: int, seed: int, rows: int = 0, group: dict = GROUP) -> tuple[dict, torch.Generator]:
+    """An Adafactor state after `updates` updates of the low-rank gradient on N(0, 1) draws, and the draws' generator."""
+    backend, generator, state = AdafactorBackend(), torch.Generator().manual_seed(seed), {"step": 0}
+    for _ in range(updates):
+        state["step"] += 1
+        backend.update(state, _gaussian(rows, generator), group, PARAM, rows=rows)
+    return state, generator
+
+
+def _gaussian(rows: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn((RANK, WIDTH) if rows == 0 else (WIDTH, RANK), generator=generator)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -60,22 +72,15 @@ def test_a_direction_entering_at_a_refresh_steps_at_a_settled_one_s_size(side):
     direction's update has RMS ≈ 1 (an entering one's exactly, its V̂ being this update's own mean square); plain,
     the entering ones' is ≈ t^0.4 (15.8 at t = 1001)."""
     rows = 0 if side == "left" else 1
-    shape = (RANK, WIDTH) if rows == 0 else (WIDTH, RANK)
     sizes = {}
     for corrected in (True, False):
-        backend, generator = AdafactorBackend(), torch.Generator().manual_seed(3)
-        projector, state = _projector_moving_two_of_three(side), {"step": 0}
         group = {**GROUP, "row_bias_correction": corrected}
-        for _ in range(SETTLE):
-            state["step"] += 1
-            backend.update(state, torch.randn(shape, generator=generator, dtype=torch.float32), group, PARAM, rows=rows)
-        backend.realign(state, projector, "mv")
+        state, generator = _stepped(SETTLE, 3, rows, group)
+        AdafactorBackend().realign(state, _projector_moving_two_of_three(side), "mv")
         if corrected:
-            torch.testing.assert_close(state["row_bias2"], torch.tensor([1.0, 0.0, 0.0], dtype=torch.float32),
-                                       rtol=0, atol=1e-6)
+            torch.testing.assert_close(state["row_bias2"], torch.tensor([1.0, 0.0, 0.0]), rtol=0, atol=1e-6)
         state["step"] += 1
-        update = backend.update(state, torch.randn(shape, generator=generator, dtype=torch.float32), group, PARAM,
-                                rows=rows)
+        update = AdafactorBackend().update(state, _gaussian(rows, generator), group, PARAM, rows=rows)
         per_direction = update.direction.square().mean(dim=1 - rows).sqrt()
         sizes[corrected] = per_direction
     t_power = (SETTLE + 1) ** 0.4
@@ -91,39 +96,27 @@ def test_the_column_factor_keeps_its_scale_through_a_left_refresh():
     """Plain Adafactor rescales the column factor by mean(new row) / mean(row) at a refresh along the rows (its V̂
     divides by mean(row)); corrected, V̂ divides by mean(row / c), whose new rows are their next mean square: the
     column factor stays."""
-    backend, generator = AdafactorBackend(), torch.Generator().manual_seed(4)
-    projector, state = _projector_moving_two_of_three("left"), {"step": 0}
-    for _ in range(5):
-        state["step"] += 1
-        backend.update(state, torch.randn(RANK, WIDTH, generator=generator, dtype=torch.float32), GROUP, PARAM, rows=0)
+    state, _ = _stepped(5, 4)
     col = state["exp_avg_sq_col"].clone()
-    backend.realign(state, projector, "mv")
+    AdafactorBackend().realign(state, _projector_moving_two_of_three("left"), "mv")
     assert torch.equal(state["exp_avg_sq_col"], col)
     assert state["exp_avg_sq_row"][1:].abs().max() < 1e-6  # the entering rows: nothing carried
 
 
 @pytest.mark.parametrize("rule", ["none", "m"])
 def test_rules_that_keep_v_keep_the_weights(rule):
-    backend, generator = AdafactorBackend(), torch.Generator().manual_seed(5)
-    projector, state = _projector_moving_two_of_three("left"), {"step": 0}
-    for _ in range(3):
-        state["step"] += 1
-        backend.update(state, torch.randn(RANK, WIDTH, generator=generator, dtype=torch.float32), GROUP, PARAM, rows=0)
+    state, _ = _stepped(3, 5)
     before = state["row_bias2"].clone()
-    backend.realign(state, projector, rule)
+    AdafactorBackend().realign(state, _projector_moving_two_of_three("left"), rule)
     assert torch.equal(state["row_bias2"], before)
 
 
 def test_a_checkpoint_from_before_the_option_resumes_with_settled_weights():
     """Factors written without the option have no weights: they are settled (Adafactor's first β2ₜ is 0), so c = 1."""
-    backend, generator = AdafactorBackend(), torch.Generator().manual_seed(6)
-    corrected = {"step": 0}
-    for _ in range(4):
-        corrected["step"] += 1
-        backend.update(corrected, torch.randn(RANK, WIDTH, generator=generator, dtype=torch.float32),
-                       {**GROUP, "row_bias_correction": False}, PARAM, rows=0)
+    backend = AdafactorBackend()
+    corrected, generator = _stepped(4, 6, group={**GROUP, "row_bias_correction": False})
     plain = {key: value.clone() if torch.is_tensor(value) else value for key, value in corrected.items()}
-    grad = torch.randn(RANK, WIDTH, generator=generator, dtype=torch.float32)
+    grad = _gaussian(0, generator)
     for state in (corrected, plain):
         state["step"] += 1
     a = backend.update(corrected, grad, GROUP, PARAM, rows=0)
