@@ -162,6 +162,8 @@ class AdafactorBackend(Backend):
             col.mul_(beta2t).add_(self._mean_over_rows(update), alpha=1.0 - beta2t)
             if group.get("row_bias_correction") and rows is not None:
                 row, col = _age_corrected(state, row, col, rows, beta2t)
+            else:  # switched off since a checkpoint: realign goes back to the plain transport (the column rescaled)
+                state.pop("row_bias2", None)
             update = _inverse_sqrt_factored(row, col, self._mean_of_row_factor(row)).mul_(grad)
         else:
             state["exp_avg_sq"].mul_(beta2t).add_(update, alpha=1.0 - beta2t)

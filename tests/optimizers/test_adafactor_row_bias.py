@@ -124,6 +124,15 @@ def test_a_checkpoint_from_before_the_option_resumes_with_settled_weights():
     torch.testing.assert_close(a.direction, b.direction, rtol=1e-6, atol=0)
 
 
+def test_switched_off_on_resume_the_weights_are_dropped():
+    """A checkpoint written with the option, resumed without it: V̂ is plain again, so the weights go and realign
+    rescales the column factor at a refresh along the rows, as plain Adafactor's does."""
+    state, generator = _stepped(3, 7)
+    state["step"] += 1
+    AdafactorBackend().update(state, _gaussian(0, generator), {**GROUP, "row_bias_correction": False}, PARAM, rows=0)
+    assert "row_bias2" not in state
+
+
 def test_the_optimizers_take_it_and_refuse_it_with_compile_update():
     weight = torch.nn.Parameter(torch.randn(8, 6))
     for cls in (GaLoreAdafactor, PlumageAdafactor):
