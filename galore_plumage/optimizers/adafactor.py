@@ -194,6 +194,8 @@ class AdafactorBackend(Backend):
         if any(grad.dim() != 2 for grad in grads):
             return super().update_together(states, grads, group, params, rows)
         grads = [grad.float() for grad in grads]
+        for state in states:  # a group steps together only without row_bias_correction: as update(), drop its weights
+            state.pop("row_bias2", None)
         measured = [k for k, state in enumerate(states) if group["scale_parameter"] or "RMS" not in state]
         if measured:  # one read-back for all (update(): an .item() each)
             norms = torch._foreach_norm([params[k].float() for k in measured])

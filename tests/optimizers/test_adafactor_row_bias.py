@@ -131,6 +131,11 @@ def test_switched_off_on_resume_the_weights_are_dropped():
     state["step"] += 1
     AdafactorBackend().update(state, _gaussian(0, generator), {**GROUP, "row_bias_correction": False}, PARAM, rows=0)
     assert "row_bias2" not in state
+    together, generator = _stepped(3, 8)  # the same where the weights step together (foreach)
+    together["step"] += 1
+    AdafactorBackend().update_together([together], [_gaussian(0, generator)], {**GROUP, "row_bias_correction": False},
+                                       [PARAM], [0])
+    assert "row_bias2" not in together
 
 
 def test_the_optimizers_take_it_and_refuse_it_with_compile_update():
