@@ -241,7 +241,8 @@ class AdafactorBackend(Backend):
 
         Adafactor keeps no gradient mean, so mv_meansplit has no mean to split off and equals mv.
         """
-        if "RMS" not in state or rule == "none":
+        # an unmoved basis carries nothing, and its B is stale or absent: checked once here, for the row weights too
+        if "RMS" not in state or rule == "none" or not projector.moved:
             return
         if "exp_avg" in state:
             state["exp_avg"], _ = realign_dense(state["exp_avg"], None, projector, "m")
