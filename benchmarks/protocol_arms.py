@@ -348,6 +348,16 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # 0.013 at update 1250 against the corrected draws throughout, ahead of them from 3000; session 79)
     "plumage_adafactor_draws_recipe_ratio2_rowbias_until1000": ("plumage_adafactor", [
         *ADAFACTOR_DRAWS_RECIPE_RATIO2, *adafactor_draws(row_bias_correction=True), "--sample_until", "1000"], (5e-3,)),
+    # ... the regular group's share of the draws' lead (session 80): Adafactor clips each weight's update on its own, so
+    # at the draws' best lr (1.4e-2 at 600 updates) their projected weights step near GaLore's size while the regular
+    # group (embeddings, head, norms: no draws, no clip) runs at 2 x 1.4e-2. GaLore's basis with that regular group
+    # (ratio 6 at 5e-3 = 3e-2; 4 between), and the draws with GaLore's regular group (ratio 0.7 at 1.4e-2 = 1e-2)
+    **{f"galore_adafactor_recipe_gram_ratio{ratio}": ("galore_adafactor", [
+        "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", str(ratio)],
+        (5e-3, 3e-3, 7e-3)) for ratio in (4, 6)},
+    "plumage_adafactor_draws_recipe_ratio0.7": ("plumage_adafactor", [
+        "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "0.7", *ADAFACTOR_DRAWS],
+        (1.4e-2,)),
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
         (5e-3, 1e-2, 3e-3)) for name, complement in (("", []), ("_fira", ["--residual", "norm_matched",
