@@ -349,9 +349,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "plumage_adafactor_draws_recipe_ratio2_rowbias_until1000": ("plumage_adafactor", [
         *ADAFACTOR_DRAWS_RECIPE_RATIO2, *adafactor_draws(row_bias_correction=True), "--sample_until", "1000"], (5e-3,)),
     # ... the regular group's share of the draws' lead (session 80): Adafactor clips each weight's update on its own, so
-    # at the draws' best lr (1.4e-2 at 600 updates) their projected weights step near GaLore's size while the regular
-    # group (embeddings, head, norms: no draws, no clip) runs at 2 x 1.4e-2. GaLore's basis with that regular group
-    # (ratio 6 at 5e-3 = 3e-2; 4 between), and the draws with GaLore's regular group (ratio 0.7 at 1.4e-2 = 1e-2)
+    # at the draws' best lr (1.4e-2 at 600 updates) the directions settled in their basis step near GaLore's size
+    # (divided by 3.5-8.5, session 78) while the regular group (embeddings, head, norms: no draws, hardly clipped) runs
+    # at 2 x 1.4e-2. GaLore's basis with that regular group (ratio 6 at 5e-3 = 3e-2; 4 between), and the draws with
+    # GaLore's regular group (ratio 0.7 at 1.4e-2 = 1e-2)
     **{f"galore_adafactor_recipe_gram_ratio{ratio}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", str(ratio)],
         (5e-3, 3e-3, 7e-3)) for ratio in (4, 6)},
