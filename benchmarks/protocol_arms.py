@@ -352,13 +352,13 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # at the draws' best lr (1.4e-2 at 600 updates) the directions settled in their basis step near GaLore's size
     # (divided by 3.5-8.5, session 78) while the regular group (embeddings, head, norms: no draws, hardly clipped) runs
     # at 2 x 1.4e-2. GaLore's basis with that regular group (ratio 6 at 5e-3 = 3e-2; 4 and 10 around), and the draws with
-    # GaLore's regular group (ratio 0.7 at 1.4e-2 = 1e-2)
+    # GaLore's regular group (ratio 0.7 at 1.4e-2 = 1e-2) and with a larger one (3)
     **{f"galore_adafactor_recipe_gram_ratio{ratio}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", str(ratio)],
         (5e-3, 3e-3, 7e-3)) for ratio in (4, 6, 10)},
-    "plumage_adafactor_draws_recipe_ratio0.7": ("plumage_adafactor", [
-        "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "0.7", *ADAFACTOR_DRAWS],
-        (1.4e-2,)),
+    **{f"plumage_adafactor_draws_recipe_ratio{ratio}": ("plumage_adafactor", [
+        "--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", str(ratio), *ADAFACTOR_DRAWS],
+        (1.4e-2,)) for ratio in (0.7, 3)},
     **{f"galore_adafactor_recipe_gram_ratio2{name}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", *complement],
         (5e-3, 1e-2, 3e-3)) for name, complement in (("", []), ("_fira", ["--residual", "norm_matched",
