@@ -115,6 +115,11 @@ class ShuffledBatches:
         self.position += 1
         return self.sequences[torch.stack(indices)]
 
+    @property
+    def passes(self) -> float:
+        """How many times the run has read the training sequences so far (1.5: once, and half again)."""
+        return self.position * self.batch_size * self.world_size / len(self.sequences)
+
     def state_dict(self) -> dict:
         return {"position": self.position, "sequences": len(self.sequences), "seed": self.seed}
 
@@ -302,6 +307,12 @@ class Batches:
                                "--max_train_tokens)") from None
         self.position += 1
         return batch
+
+    @property
+    def passes(self) -> float | None:
+        """Passes over the training text so far, where it is held in memory; None for a stream (its length is
+        unknown until read). Past 1 the eval loss measures how a fit to text seen again holds on held-out text."""
+        return None if self.streamed else self.shuffled.passes
 
     def state_dict(self) -> dict:
         return {"position": self.position} if self.streamed else self.shuffled.state_dict()

@@ -325,10 +325,12 @@ class Trainer:
             print(f"WARNING: the ranks ended with different weights (fingerprints {fingerprints})")
         summary = {"step": step, "tokens": self.tokens_seen, "eval_loss": eval_loss, "eval_ppl": perplexity(eval_loss),
                    "seconds": seconds, "optimizer": config.optimizer, "save_dir": config.save_dir,
-                   "rank_fingerprints": fingerprints}
+                   "rank_fingerprints": fingerprints, "passes": self.batches.passes}
         self.log.write("summary", **summary)
         if self.main:
-            print(f"done: {step} updates, {self.tokens_seen:,} tokens, final eval loss {eval_loss:.4f}, "
+            passes = self.batches.passes
+            read = "" if passes is None else f" ({passes:.2f} passes over the training text)"
+            print(f"done: {step} updates, {self.tokens_seen:,} tokens{read}, final eval loss {eval_loss:.4f}, "
                   f"ppl {summary['eval_ppl']:.2f}; metrics in {self.log.path}, checkpoint in "
                   f"{config.save_dir}/model_{step}")
         return summary

@@ -268,6 +268,15 @@ def test_rows_match_their_index():
         assert torch.equal(rows, sequences[index])
 
 
+@pytest.mark.parametrize(("n", "batch", "world", "draws", "passes"), [(12, 2, 1, 9, 1.5), (9, 2, 3, 3, 2.0), (8, 4, 1, 1, 0.5)])
+def test_passes_count_the_reads_of_the_training_sequences(n, batch, world, draws, passes):
+    """passes: the sequences every rank has taken so far over the number held (one rank's draws count the world's)."""
+    batches = ShuffledBatches(_ids(n), batch, seed=0, rank=world - 1, world_size=world)
+    assert batches.passes == 0
+    _draw(batches, draws)
+    assert batches.passes == passes
+
+
 def test_seed_decides_the_order():
     first = _draw(ShuffledBatches(_ids(32), 4, seed=0), 16)
     assert first == _draw(ShuffledBatches(_ids(32), 4, seed=0), 16)

@@ -217,6 +217,19 @@ def test_max_train_tokens_sets_the_number_of_updates(run, tmp_path):
     assert (save_dir / "latest").read_text().strip() == "model_8"
 
 
+def test_the_summary_records_the_passes_over_the_training_text(run, tmp_path, capsys):
+    """The summary's `passes` counts the training text read (a run twice as long reads it twice as often) and the
+    last line says it: past one pass the eval loss also measures a fit to text seen again."""
+    passes = {}
+    for updates in (3, 6):
+        save_dir = tmp_path / str(updates)
+        assert run(save_dir, "--optimizer", "adamw", "--batch_size", "2", "--num_training_steps", updates,
+                   "--lr", "1e-3") == 0
+        passes[updates] = read_metrics(save_dir)["summary"][0]["passes"]
+        assert f"({passes[updates]:.2f} passes over the training text)" in capsys.readouterr().out
+    assert 0 < passes[3] and passes[6] == pytest.approx(2 * passes[3])
+
+
 # ----------------------------------------------------------------- 5. bad input
 FINISHED_FLAGS = ["--optimizer", "plumage_adamw", "--batch_size", "2", "--num_training_steps", "2"]
 
