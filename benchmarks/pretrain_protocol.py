@@ -61,22 +61,26 @@ def run_dir(args, label: str, lr: float, seed: int) -> Path:
     return ROOT / args.runs / label / f"lr{lr:g}" / f"seed{seed}"
 
 
-def _evals(save_dir: Path) -> list[float] | None:
-    """The eval losses of a finished run, in order; None when it has not finished."""
+def _finished(save_dir: Path) -> tuple[list[dict], dict] | None:
+    """(records, summary) of a finished run; None when it has not finished."""
     if not (save_dir / "metrics.jsonl").exists():
         return None
     records = load_run(save_dir)[1]
-    if not any(r["type"] == "summary" for r in records):
-        return None
-    return [r["eval_loss"] for r in records if r["type"] == "eval"]
+    summary = next((r for r in records if r["type"] == "summary"), None)
+    return None if summary is None else (records, summary)
+
+
+def _evals(save_dir: Path) -> list[float] | None:
+    """The eval losses of a finished run, in order; None when it has not finished."""
+    finished = _finished(save_dir)
+    return None if finished is None else [r["eval_loss"] for r in finished[0] if r["type"] == "eval"]
 
 
 def _passes(save_dir: Path) -> float | None:
     """How many times a finished run read its training text (its summary's `passes`); None when not recorded (a
     stream, a run from before session 80, or one not finished)."""
-    if not (save_dir / "metrics.jsonl").exists():
-        return None
-    return next((r.get("passes") for r in load_run(save_dir)[1] if r["type"] == "summary"), None)
+    finished = _finished(save_dir)
+    return None if finished is None else finished[1].get("passes")
 
 
 def passes_line(args, best: dict[str, float], labels) -> list[str]:

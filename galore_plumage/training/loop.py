@@ -328,7 +328,7 @@ class Trainer:
                    "rank_fingerprints": fingerprints, "passes": self.batches.passes}
         self.log.write("summary", **summary)
         if self.main:
-            passes = self.batches.passes
+            passes = summary["passes"]
             read = "" if passes is None else f" ({passes:.2f} passes over the training text)"
             print(f"done: {step} updates, {self.tokens_seen:,} tokens{read}, final eval loss {eval_loss:.4f}, "
                   f"ppl {summary['eval_ppl']:.2f}; metrics in {self.log.path}, checkpoint in "
