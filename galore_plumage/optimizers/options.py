@@ -193,13 +193,15 @@ class Option:
     def plumage_adam_default(self) -> Any:
         return self.plumage_default() if self.plumage_adam is SAME else self.plumage_adam
 
-    def flag_help(self) -> str:
-        defaults = f"default {self.default!r}"
-        for names, value in (("plumage_adamw(8bit)", self.plumage_adam_default()),
-                             ("plumage_adafactor", self.plumage_default())):
-            if value != self.default:
-                defaults += f", {value!r} for {names}"
-        return f"{self.help} ({defaults})"
+    def flag_help(self, defaults_of: dict[str, dict[str, Any]] | None = None) -> str:
+        """The help with the table's default and, from `defaults_of` (a name -> its defaults, e.g. each plumage_*
+        class's), every other default with the names that take it."""
+        names_of: dict[str, list[str]] = {}
+        for name, defaults in (defaults_of or {}).items():
+            if (value := defaults.get(self.key, self.default)) != self.default:
+                names_of.setdefault(repr(value), []).append(name)
+        others = "".join(f", {value} for {', '.join(names)}" for value, names in names_of.items())
+        return f"{self.help} (default {self.default!r}{others})"
 
     def argparse_options(self) -> dict:
         if isinstance(self.default, bool) or self.parse is bool:  # a bool, or True/False/None (None: by device)
@@ -255,9 +257,9 @@ OPTIONS: tuple[Option, ...] = (
            applies=_needs_sampling),
     Option("sample_until", None, "plumage: sample the basis at refreshes before this update only; from it on each "
            "refresh keeps the top rank singular vectors (GaLore's basis, 1/p = 1; biased) and no draw changes it. None "
-           "= sample throughout (the paper); torchrun_main.py's plumage_adafactor draws until update 1000 in a run of "
-           "5000 updates or more (optimizers.PRETRAIN_SAMPLE_UNTIL)", check_sample_until, (0, -5, 2.5, True, "1000"),
-           to_projector=True, parse=parse_optional_int, applies=_needs_sampling),
+           "= sample throughout (the paper); torchrun_main.py's plumage_adafactor with --projector plumage draws until "
+           "update 1000 in a run of 5000 updates or more (optimizers.PRETRAIN_SAMPLE_UNTIL)", check_sample_until,
+           (0, -5, 2.5, True, "1000"), to_projector=True, parse=parse_optional_int, applies=_needs_sampling),
     Option("pool_factor", 2, "plumage with resample_every > 0: the pool a refresh keeps for the draws holds the top "
            "pool_factor x rank singular vectors (dim x pool_factor*rank floats per weight)", check_pool_factor,
            (1, 2.5, True, "3", None), to_projector=True, parse=int, applies=_needs_sampling),

@@ -213,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     return add_option_flags(add_flags(parser, TrainConfig))
 
 
+# each plumage_* name's own option defaults, which each flag's help names where they differ from the table's
+PLUMAGE_OPTION_DEFAULTS = {f"plumage_{backend}": cls.class_defaults for backend, cls in PLUMAGE_CLASSES.items()}
 # an option flag left out: the optimizer's own default (a flag given as 'none' is None, which some defaults are not)
 NOT_GIVEN = argparse.SUPPRESS
 
@@ -221,7 +223,8 @@ def add_option_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     """One --flag per option of optimizers/options.py; not given means the optimizer's own default."""
     group = parser.add_argument_group("low-rank options", "not given: the optimizer's default, named in each help")
     for option in OPTIONS:
-        group.add_argument(f"--{option.key}", default=NOT_GIVEN, help=option.flag_help(), **option.argparse_options())
+        group.add_argument(f"--{option.key}", default=NOT_GIVEN, help=option.flag_help(PLUMAGE_OPTION_DEFAULTS),
+                           **option.argparse_options())
     return parser
 
 
@@ -428,6 +431,11 @@ def is_local_file(dataset: str) -> bool:
     return Path(dataset).suffix.lower() in FILE_SUFFIXES or Path(dataset).is_file()
 
 
+def _ratio(run: dict) -> float | None:
+    """A run's regular group's lr over its lr (None: one lr), rounded as the flag would give it."""
+    return float(f"{run['regular_lr'] / run['lr']:.6g}") if run.get("regular_lr") and run.get("lr") else None
+
+
 def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MAY_CHANGE) -> list[str]:
     """`--flag value (the checkpoint: value)` for each flag of `config` (a TrainConfig, or run_glue.py's FinetuneConfig)
     that differs from the run the checkpoint was written by (`saved`: that run's asdict(config)); flags in
@@ -440,8 +448,13 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
     for key in sorted(saved.keys() & current.keys() - may_change - {"low_rank", "regular_lr_ratio"}):
         if saved[key] != current[key]:
             name = "processes (WORLD_SIZE)" if key == "world_size" else key if key in derived else f"--{key}"
-            # a run before session 33 had one lr where plumage_adamw's default now sets the regular group's
-            hint = "; one lr on every group: --regular_lr_ratio 1" if key == "regular_lr" and saved[key] is None else ""
+            # a run before session 33 had one lr where plumage_adamw's default now sets the regular group's; one of
+            # plumage_adafactor's before session 81 set it at 2x where the default is now 4x
+            hint = ""
+            if key == "regular_lr" and saved[key] is None:
+                hint = "; one lr on every group: --regular_lr_ratio 1"
+            elif key == "regular_lr" and _ratio(saved) not in (None, _ratio(current)):
+                hint = f"; as it ran: --regular_lr_ratio {_ratio(saved):g}"
             conflicts.append(f"{name} {current[key]} (the checkpoint: {saved[key]}{hint})")
     saved_options, options = saved.get("low_rank", {}), current["low_rank"]
     # an option one side leaves out has the optimizer's own default there (its family's; a preset's are not looked up)

@@ -5,6 +5,7 @@ its way to the optimizer. A new option needs an entry in the table, not a new te
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from galore_plumage.finetune.config import build_parser as finetune_parser
 from galore_plumage.finetune.config import parse_config as parse_finetune_config
 from galore_plumage.optimizers.base import LOW_RANK_DEFAULTS, PLUMAGE_ADAM_RECIPE, PLUMAGE_DEFAULTS, projector_options
 from galore_plumage.optimizers.options import OPTIONS, SAME
-from galore_plumage.training.config import NOT_GIVEN, build_parser, parse_config
+from galore_plumage.optimizers.registry import PLUMAGE_CLASSES
+from galore_plumage.training.config import NOT_GIVEN, PLUMAGE_OPTION_DEFAULTS, build_parser, parse_config
 from galore_plumage.training.loop import optimizer_options
 
 BAD = [(option.key, bad) for option in OPTIONS for bad in option.bad_values]
@@ -97,8 +99,13 @@ def test_both_command_lines_have_the_flag_with_the_tables_help(parser, option):
     actions = {a.dest: a for a in parser()._actions}
     assert option.key in actions
     assert actions[option.key].default == NOT_GIVEN  # left out of the options: the optimizer's own default
-    assert actions[option.key].help == option.flag_help()
+    assert actions[option.key].help == option.flag_help(PLUMAGE_OPTION_DEFAULTS)
     assert repr(option.default) in option.flag_help()
+    defaults = actions[option.key].help.rsplit("(default ", 1)[1]  # "'svd', 'auto' for plumage_adamw, ...)"
+    for name, cls in PLUMAGE_CLASSES.items():  # each name's own default, where it differs, is named with it
+        value = cls.class_defaults[option.key]
+        assert value == option.default or re.search(rf"{re.escape(repr(value))} for [^']*plumage_{name}\b", defaults)
+        assert value != option.default or f"plumage_{name}" not in defaults
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.key)
