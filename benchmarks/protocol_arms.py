@@ -24,7 +24,7 @@ def adafactor_draws(**overrides) -> list[str]:
 
 
 ADAFACTOR_DRAWS = adafactor_draws()
-# ... at GaLore's scale 0.25 with the regular group at 2x (plumage_adafactor's default since session 42)
+# ... at GaLore's scale 0.25 with the regular group at 2x (plumage_adafactor's default of sessions 42-80)
 ADAFACTOR_DRAWS_RECIPE_RATIO2 = ["--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16", "--regular_lr_ratio", "2"]
 
 
@@ -328,7 +328,7 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "plumage_adafactor_paper": ("plumage_adafactor", ["--beta1", "0.9", "--galore_scale", "1.0",
                                                       *plumage_flags(row_bias_correction=None)],
                                 (1e-3, 3e-4, 3e-3)),
-    # ... PLUMAGE's draws at the recipe's scale 0.25 with the regular group at 2x: plumage_adafactor's since session 42
+    # ... PLUMAGE's draws at the recipe's scale 0.25 with the regular group at 2x: plumage_adafactor's in sessions 42-80
     "plumage_adafactor_draws_recipe_ratio2": ("plumage_adafactor", [*ADAFACTOR_DRAWS_RECIPE_RATIO2, *ADAFACTOR_DRAWS],
                                               (5e-3, 1e-2, 3e-3)),
     # ... drawn again every κ updates instead of before each (session 43: on a GPU a draw is launch-bound, and at
@@ -352,7 +352,8 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     # at the draws' best lr (1.4e-2 at 600 updates) the directions settled in their basis step near GaLore's size
     # (divided by 3.5-8.5, session 78) while the regular group (embeddings, head, norms: no draws, hardly clipped) runs
     # at 2 x 1.4e-2. GaLore's basis with that regular group (ratio 6 at 5e-3 = 3e-2; 4 and 10 around), and the draws with
-    # GaLore's regular group (ratio 0.7 at 1.4e-2 = 1e-2) and with a larger one (3)
+    # GaLore's regular group (ratio 0.7 at 1.4e-2 = 1e-2) and with a larger one (3). Ratio 4 is plumage_adafactor's
+    # default since session 81 (tests/benchmarks/test_protocol_arms.py trains both alike)
     **{f"galore_adafactor_recipe_gram_ratio{ratio}": ("galore_adafactor", [
         "--beta1", "0.9", "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", str(ratio)],
         (5e-3, 3e-3, 7e-3)) for ratio in (4, 6, 10)},

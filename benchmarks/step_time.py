@@ -32,9 +32,10 @@ Optimizers: torch.optim.AdamW; bitsandbytes AdamW8bit; galore-torch GaLoreAdamW,
 GaLoreAdamW8bit; ours (optimizer_class(backend) with group keys) for projector svd / random / plumage ×
 backend adamw / adamw8bit / adafactor, svd and plumage with each solver ("svd", "gram", "gram64"); "plumage" is the
 paper's estimator (κ = 0) and "plumage draws" PLUMAGE's sampling as the plumage_* options set it (κ = 1: before every
-step a draw from the pool of the top 2r vectors, the moments carried to it; PLUMAGE_SAMPLED for Adam, plumage_adafactor's
-default); "plumage_adamw default" is what plumage_adamw(8bit) runs with no options since session 17 (PLUMAGE_ADAM_RECIPE:
-GaLore's top-r basis, v_floor m2, scale 0.25; refreshed through the Gram's eigh, solver "auto", since session 20),
+step a draw from the pool of the top 2r vectors, the moments carried to it; PLUMAGE_SAMPLED for Adam, for Adafactor
+PLUMAGE_ADAFACTOR_DRAWS, plumage_adafactor's default of sessions 42-80); "plumage_adamw default" is what
+plumage_adamw(8bit) runs with no options since session 17 (PLUMAGE_ADAM_RECIPE: GaLore's top-r basis, v_floor m2, scale
+0.25; refreshed through the Gram's eigh, solver "auto", since session 20),
 "+ foreach" the same with its steady updates taken together (the moments of the seven weights advanced in
 torch._foreach calls), "one by one" with them stepped weight by weight (foreach auto, the default since session 35,
 is the first on a GPU and the second on a CPU), "+ compile_update" the same with each weight's moment update one
@@ -76,7 +77,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import galore_plumage
-from galore_plumage.optimizers import PLUMAGE_SAMPLED, PRETRAIN_COMPLEMENT, optimizer_class, optimizer_spec
+from galore_plumage.optimizers import (
+    PLUMAGE_ADAFACTOR_DRAWS,
+    PLUMAGE_SAMPLED,
+    PRETRAIN_COMPLEMENT,
+    optimizer_class,
+    optimizer_spec,
+)
 from galore_plumage.optimizers.base import PLUMAGE_ADAM_RECIPE
 from galore_plumage.optimizers.memory import state_bytes
 from galore_plumage.optimizers.options import option_defaults
@@ -184,7 +191,8 @@ def ours_build(backend: str, projector: str, solver: str | None, default: bool =
     extra = {"projector": projector, "realign": REALIGN[projector]} | ({"solver": solver} if solver else {}) | options
     if default:  # PLUMAGE's draws as the plumage_* family sets them (for Adam: PLUMAGE_SAMPLED, its realignment)
         spec = optimizer_spec(f"plumage_{backend}")
-        realign = spec.realign if spec.projector == "plumage" else PLUMAGE_SAMPLED["realign"]
+        realign = (spec.realign if spec.projector == "plumage" else
+                   PLUMAGE_ADAFACTOR_DRAWS["realign"] if backend == "adafactor" else PLUMAGE_SAMPLED["realign"])
         extra = option_defaults("plumage") | extra | {"realign": realign} | options
 
     def build(params, rank, gap):
@@ -262,10 +270,10 @@ def candidates() -> list[Candidate]:
         for solver in ("svd", "gram"):
             label = f"ours plumage draws, κ = 1 ({solver}) / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", solver, default=True)))
-        # ... taken together (foreach: auto on a GPU): plumage_adafactor's default, PLUMAGE_SAMPLED's for the others
+        # ... taken together (foreach: auto on a GPU): PLUMAGE_ADAFACTOR_DRAWS's, PLUMAGE_SAMPLED's for the others
         label = f"ours plumage draws, κ = 1 (gram) + foreach / {backend}"
         result.append(Candidate(label, backend, True, ours_build(backend, "plumage", "gram", default=True, foreach=True)))
-        if backend == "adafactor":  # ... compiled: plumage_adafactor's factored step and complement fused (session 46)
+        if backend == "adafactor":  # ... compiled: Adafactor's factored step and the draws' complement fused (session 46)
             label = f"ours plumage draws, κ = 1 (gram) + foreach + compile_update / {backend}"
             result.append(Candidate(label, backend, True, ours_build(backend, "plumage", "gram", default=True,
                                                                      foreach=True, compile_update=True), compiled=True))

@@ -21,11 +21,11 @@ MODEL=${MODEL:-configs/llama_60m.json}; STEPS=${STEPS:-1000}; BATCH=${BATCH:-64}
 EVAL_TOKENS=${EVAL_TOKENS:-200000}; GAP=${GAP:-200}; PROJ_RANK=${PROJ_RANK:-128}; MB=${MB:-60}; RUNS=${RUNS:-runs/gpu60m}
 SIZES=${SIZES-350m 130m}; MODEL_SIZES=${MODEL_SIZES:-350m}; MODEL_SIZES_7B=${MODEL_SIZES_7B:-7b}
 # Session 43 ran the large-batch defaults here (float32 three seeds, 8-bit seed 0, docs/results.md §3); next: 8-bit's
-# seeds 1-2 for both arms at 1e-2 (TRAIN2), and plumage_adafactor's default (PLUMAGE's draws at scale 0.25, the regular
-# group at 2x) to the end of a run at 1e-2 against GaLore's Adafactor recipe (reused at 1e-2), beside the float32
-# large-batch default at 5e-3 (its lr bracketed below; TRAIN). Five new runs. The draws step ~2x slower than the others
-# here (session 43: 500 updates in the time nine runs side by side took for 1000), so they go first and fewer run beside.
-TRAIN=${TRAIN:---arms galore_adafactor_recipe,plumage_adafactor_draws_recipe_ratio2,galore_recipe_gram_ratio2_fira --pin_lr galore_adafactor_recipe=1e-2,plumage_adafactor_draws_recipe_ratio2=1e-2,galore_recipe_gram_ratio2_fira=5e-3 --seeds 0 --jobs 3}
+# seeds 1-2 for both arms at 1e-2 (TRAIN2), and plumage_adafactor's default since session 81 (GaLore's top-r basis at
+# scale 0.25, the regular group at 4x) to the end of a run against GaLore's Adafactor recipe (reused at 1e-2), beside
+# the float32 large-batch default at 5e-3 (its lr bracketed below; TRAIN). On the CPU the default's best lr was 0.5-0.7x
+# the recipe's (7e-3 against 1e-2 at 600 updates, both 3e-3 at 5000), hence 5e-3 here. Five new runs.
+TRAIN=${TRAIN:---arms galore_adafactor_recipe,galore_adafactor_recipe_gram_ratio4,galore_recipe_gram_ratio2_fira --pin_lr galore_adafactor_recipe=1e-2,galore_adafactor_recipe_gram_ratio4=5e-3,galore_recipe_gram_ratio2_fira=5e-3 --seeds 0 --jobs 3}
 TRAIN2=${TRAIN2---arms galore8bit_recipe,galore8bit_recipe_gram_ratio2_fira --pin_lr galore8bit_recipe=1e-2,galore8bit_recipe_gram_ratio2_fira=1e-2 --seeds 0,1,2 --jobs 4}
 ROWS="plumage_adamw default,large-batch pretraining default,κ = 1 (gram),ours plumage (gram64),ours plumage (svd),ours svd (gram)"
 # the compiled rows compile for tens of seconds first: left out of the others and timed in a call of their own (session

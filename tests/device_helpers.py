@@ -30,7 +30,7 @@ import contextlib
 import torch
 
 from galore_plumage import GaLoreAdamW, GaLoreAdamW8bit, PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit
-from galore_plumage.optimizers import PLUMAGE_SAMPLED, adamw8bit
+from galore_plumage.optimizers import PLUMAGE_ADAFACTOR_DRAWS, PLUMAGE_SAMPLED, adamw8bit
 
 SHAPE, RANK, GAP = (256, 128), 32, 3
 FP32_RTOL = 1e-3  # CPU: a 1e-5 relative perturbation of every gradient moves these updates by at most 4e-4
@@ -44,13 +44,14 @@ EIGHT_BIT_RTOL = 5e-3  # CPU, nearest-code rounding: a 1e-5 perturbation moves t
 # eigh agrees across devices to 1.6e-5 (float32) and 1.4e-4 (8-bit): docs/device_parity_cuda.md. Each solver's accuracy
 # is checked against float64's SVD on the CPU (tests/projectors/test_solver_accuracy.py); here devices are compared.
 SAMPLED = {**PLUMAGE_SAMPLED, "pool_bf16": False, "solver": "gram64"}
-DEFAULT = {"pool_bf16": False}  # PlumageAdafactor's default (PLUMAGE's projector), its pool in float32
+DRAWS = {**PLUMAGE_ADAFACTOR_DRAWS, "pool_bf16": False}  # PlumageAdafactor's draws (sessions 42-80), the pool in float32
 PAPER_P = {**SAMPLED, "max_inv_p": None, "resample_every": 0}  # the paper's 1/p, SAMPLED's solver
 FP32_CASES = [  # (class, group options, updates): what both devices compute the same way
     (PlumageAdamW, SAMPLED, 6),
     (PlumageAdamW, PAPER_P, 6),  # the paper's 1/p
     (PlumageAdamW, {"align_signs": True}, 6),  # the default: GaLore's basis with the floor
-    (PlumageAdafactor, DEFAULT, 6),
+    (PlumageAdafactor, DRAWS, 6),
+    (PlumageAdafactor, {}, 6),  # its default since session 81: GaLore's basis through the Gram
     (GaLoreAdamW, {"align_signs": True}, 6),
     (GaLoreAdamW, {}, GAP),  # galore-torch's bases: one interval, before any moment crosses a refresh
 ]

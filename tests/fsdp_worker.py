@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_mo
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from galore_plumage.optimizers import PLUMAGE_SAMPLED, build_optimizer
+from galore_plumage.optimizers import PLUMAGE_ADAFACTOR_DRAWS, PLUMAGE_SAMPLED, build_optimizer
 from galore_plumage.optimizers.adamw8bit import dense_moments
 from galore_plumage.training.fsdp import load_optimizer, save_optimizer
 
@@ -46,8 +46,9 @@ OPTIONS = {
                           **FP32_POOL},
     "plumage_adamw8bit_fp32": {  # the same backend with every state kept fp32 (bitsandbytes' 32-bit kernel)
        "lr": 1e-2, "weight_decay": 0.01, "min_8bit_size": 10**9, "scale": 1.0, **PLUMAGE_SAMPLED, **FP32_POOL},
+    # PLUMAGE's draws on Adafactor (its default of sessions 42-80): the factored moments realigned on row shards
     "plumage_adafactor": {"lr": 1e-2, "weight_decay": 0.01, "relative_step": False, "scale_parameter": True,
-                          "beta1": 0.9, **FP32_POOL},
+                          "beta1": 0.9, **PLUMAGE_ADAFACTOR_DRAWS, **FP32_POOL},
     "flora_adamw": {"lr": 1e-2, "weight_decay": 0.01},
     # Fira's complement on row shards (projected on the right): φ per row is local, the limiter's norm is summed
     "plumage_adamw_residual": {"lr": 1e-2, "weight_decay": 0.01, "scale": 1.0, **PLUMAGE_SAMPLED,

@@ -12,7 +12,7 @@ import math
 from torch import nn
 
 from ..projectors import projector_spec
-from .adafactor import GaLoreAdafactor, PlumageAdafactor
+from .adafactor import PLUMAGE_ADAFACTOR_DRAWS, GaLoreAdafactor, PlumageAdafactor
 from .adamw import GaLoreAdamW, PlumageAdamW
 from .adamw8bit import GaLoreAdamW8bit, PlumageAdamW8bit
 from .base import LOW_RANK_DEFAULTS, PLUMAGE_DEFAULTS, Backend, LowRankOptimizer, Update
@@ -190,6 +190,7 @@ __all__ = [
     "DEFAULT_LR",
     "FIRA_COMPLEMENT",
     "LOW_RANK_DEFAULTS",
+    "PLUMAGE_ADAFACTOR_DRAWS",
     "PLUMAGE_CLASSES",
     "PLUMAGE_DEFAULTS",
     "PLUMAGE_PAPER",

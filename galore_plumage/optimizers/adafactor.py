@@ -291,13 +291,25 @@ class GaLoreAdafactor(LowRankOptimizer):
     backend = AdafactorBackend()
 
 
-class PlumageAdafactor(LowRankOptimizer):
-    """Adafactor on PLUMAGE's projection; the factored second moment is transported exactly.
+# plumage_adafactor's setting since session 81: GaLore's top-r basis refreshed through the Gram's eigh (solver "auto"),
+# moments kept at a refresh as GaLore keeps them, no complement, at GaLore's scale 0.25; in pretraining its regular
+# group steps at 4x the lr (PRETRAIN_REGULAR_LR_RATIO). PLUMAGE's draws (session 42's default) stay one flag away:
+# projector="plumage" takes the plumage_* options (κ = 1, 1/p capped at 1, the pool in bfloat16) from PLUMAGE_DEFAULTS.
+PLUMAGE_ADAFACTOR_RECIPE = {"projector": "svd", "scale": 0.25, "realign": "none", "solver": "auto", "residual": "none"}
+# The default of sessions 42-80, one dict away: PLUMAGE's draws before every update, the factored moments realigned
+# (mv), the complement on the 10 updates after a refresh, each refresh by torch.linalg.svd.
+PLUMAGE_ADAFACTOR_DRAWS = {"projector": "plumage", "realign": "mv", "solver": "svd", "residual": "norm_matched"}
 
-    PLUMAGE's draws before every update (the plumage_* options: κ = 1, 1/p capped at 1, the complement on the 10
-    updates after a refresh) at GaLore's scale 0.25 since session 42: at scale 1 it trailed GaLore's Adafactor recipe
-    on the fair protocol, at 0.25 (with the regular group at 2x in pretraining, PRETRAIN_REGULAR_LR_RATIO) it leads it
-    and GaLore's top-r basis at the same settings (docs/results.md §3, session 42)."""
+
+class PlumageAdafactor(LowRankOptimizer):
+    """Adafactor on a low-rank projection; the factored second moment is transported exactly where a realignment
+    rule asks (projector="plumage" with realign="mv").
+
+    GaLore's top-r basis with the regular group at 4x in pretraining since session 81 (PLUMAGE_ADAFACTOR_RECIPE).
+    PLUMAGE's draws before every update at scale 0.25 with the regular group at 2x (the default of sessions 42-80) led
+    GaLore's Adafactor recipe at 600 updates, but Adafactor clips each weight's update on its own, and their lead was
+    the regular group's lr: GaLore's basis with a larger regular group is level with them there and ahead of both them
+    and GaLore's recipe over 5000 updates of Python source read once (docs/results.md §3, sessions 80-81)."""
 
     backend = AdafactorBackend()
-    class_defaults = {**PLUMAGE_DEFAULTS, "scale": 0.25}
+    class_defaults = {**PLUMAGE_DEFAULTS, **PLUMAGE_ADAFACTOR_RECIPE}

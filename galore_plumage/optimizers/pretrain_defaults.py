@@ -12,12 +12,16 @@ from .registry import OptimizerSpec, family_defaults, recommended_lr
 # The regular group's (embeddings, norms, head) peak lr as a multiple of `lr` when torchrun_main.py pretrains: the
 # protocol's best for plumage_adamw on every shape larger than llama_tiny and level on llama_tiny (docs/results.md §3,
 # sessions 32-33); plumage_adamw8bit's since session 36, with the floor's warm-up below (+0.012 and +0.026 alone,
-# session 34); plumage_adafactor's since session 42, with scale 0.25 on its draws (+0.108 over GaLore's Adafactor
-# recipe, five seeds, where at one lr and scale 1 it trailed it). One lr (1) for every other name, as galore-torch;
+# session 34); plumage_adafactor's at 2x in sessions 42-80, with scale 0.25 on its draws (+0.108 over GaLore's Adafactor
+# recipe, five seeds, where at one lr and scale 1 it trailed it), and at 4x since session 81 on GaLore's top-r basis:
+# Adafactor clips each weight's update on its own, so the draws' lead at their large lr was the regular group's
+# (session 80: GaLore's basis with it at 6x level with the draws at 600 updates, three seeds), and over 5000 updates
+# of Python source read once GaLore's basis at 4x leads GaLore's recipe on every seed (docs/results.md §3, session 81).
+# One lr (1) for every other name, as galore-torch;
 # the Python API (build_optimizer, the classes, the HF Trainer) keeps one lr too unless regular_lr is given: the ratio
 # was measured in pretraining only.
 PRETRAIN_REGULAR_LR_RATIO: dict[tuple[str, str], float] = {("plumage", "adamw"): 2.0, ("plumage", "adamw8bit"): 2.0,
-                                                           ("plumage", "adafactor"): 2.0}
+                                                           ("plumage", "adafactor"): 4.0}
 
 
 def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None) -> float:
@@ -215,7 +219,9 @@ def recommended_v_floor_horizon(spec: OptimizerSpec, options: dict, tokens_per_u
 # sessions 42 and 51), and at 5000 they lead it to update 1000 and trail from 1250 on, ending 0.053 behind (three seeds;
 # sessions 76-77). With the draws until update 1000 and the basis after, at the draws' lr (1e-2), 5000 updates end 0.036
 # ahead of the draws throughout and still 0.017 behind GaLore's recipe at its best lr (3e-3), each on every seed of
-# three (docs/results.md §3, session 77). Between 2000 and 5000 updates it is unmeasured.
+# three (docs/results.md §3, session 77). Between 2000 and 5000 updates it is unmeasured. Those runs read the plays 1.9
+# times; on Python source read once the draws until 1000 trailed the draws throughout by 0.014 (seed 0, session 80).
+# Since session 81 plumage_adafactor's own projector does not sample: the rule holds for --projector plumage.
 PRETRAIN_SAMPLE_UNTIL: dict[tuple[str, str], tuple[int, int]] = {("plumage", "adafactor"): (5000, 1000)}
 
 

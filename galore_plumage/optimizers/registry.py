@@ -4,9 +4,10 @@ when none is given.
 Names, for each backend b in adamw, adamw8bit, adafactor, sgdm:
     b            full-rank (no projection)           galore_b   svd projector, no realignment
     plumage_b    the library's recommended setting, its class's: for adamw and adamw8bit since session 17 the svd
-                 projector with v_floor "m2" (the protocol's best), for adafactor and sgdm the plumage projector
-                 with realign mv (its draws before every update at scale 0.25: adafactor's since session 42, sgdm's
-                 since session 46, which kept the paper's estimator until then)
+                 projector with v_floor "m2" (the protocol's best), for adafactor since session 81 the svd projector
+                 at scale 0.25 (its regular group at 4x in pretraining; sessions 42-80 drew PLUMAGE's sample), for
+                 sgdm the plumage projector with realign mv (its draws before every update at scale 0.25 since
+                 session 46, which kept the paper's estimator until then)
     flora_b      random projector, realign m
 and `<name>_per_layer` for each (weights step inside their gradient hooks). galore-torch's names keep
 working: adam, adam8bit, adafactor, sgd, galore_adamw, galore_adamw8bit, galore_adafactor,
@@ -44,8 +45,8 @@ FAMILIES = {  # prefix -> (projector, realign, what it is); None: the backend's 
 ALIASES = {"adam": "adamw", "adam8bit": "adamw8bit", "sgd": "sgdm"}
 # the --realign flag of torchrun_main.py and run_glue.py, with what each name does when it is not given
 REALIGN_FLAG_HELP = ("override the optimizer's moment realignment at refreshes and draws (its own: none for galore_* and "
-                     "plumage_adamw(8bit), m for flora_*, mv for plumage_adafactor and plumage_sgdm; PLUMAGE's draws "
-                     "on Adam train best with mv_meansplit)")
+                     "plumage_adamw(8bit) and plumage_adafactor, m for flora_*, mv for plumage_sgdm; PLUMAGE's draws "
+                     "(--projector plumage) on Adam train best with mv_meansplit, on Adafactor with mv)")
 
 
 @dataclass(frozen=True)

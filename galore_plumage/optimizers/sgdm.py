@@ -48,9 +48,9 @@ class GaLoreSGDM(LowRankOptimizer):
 
 
 class PlumageSGDM(LowRankOptimizer):
-    """SGD-momentum on PLUMAGE's projection: its draws before every update as plumage_adafactor runs them (the plumage_*
-    options: κ = 1, 1/p capped at 1, the complement on the 10 updates after a refresh) at GaLore's scale 0.25, the
-    momentum realigned at a draw (rule "mv": the buffer is M).
+    """SGD-momentum on PLUMAGE's projection: its draws before every update as plumage_adafactor ran them in sessions
+    42-80 (the plumage_* options: κ = 1, 1/p capped at 1, the complement on the 10 updates after a refresh) at GaLore's
+    scale 0.25, the momentum realigned at a draw (rule "mv": the buffer is M).
 
     Until session 46 it kept the paper's estimator (SGD does not normalize before D⁻¹, so its step is not amplified as
     Adam's is). On the fair protocol under SGD momentum, five seeds at each of lr 0.05 and 0.07, that estimator trailed

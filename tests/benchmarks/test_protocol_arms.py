@@ -48,15 +48,22 @@ def _arm(label: str) -> list[str]:
     return ["--optimizer", optimizer, *with_family_pins(optimizer, extra)]
 
 
+# plumage_adafactor's draws of sessions 42-80 by flag (PLUMAGE_ADAFACTOR_DRAWS)
+DRAWS = ["--projector", "plumage", "--realign", "mv", "--solver", "svd", "--residual", "norm_matched"]
+
+
 @pytest.mark.parametrize(("label", "bare"), [
-    # plumage_adafactor's default since session 42: PLUMAGE's draws at scale 0.25, the regular group at 2x
-    ("plumage_adafactor_draws_recipe_ratio2", ["--optimizer", "plumage_adafactor", "--beta1", "0.9"]),
+    # plumage_adafactor's default since session 81: GaLore's top-r basis at scale 0.25, the regular group at 4x
+    ("galore_adafactor_recipe_gram_ratio4", ["--optimizer", "plumage_adafactor", "--beta1", "0.9"]),
+    # its default of sessions 42-80: PLUMAGE's draws at scale 0.25, the regular group at 2x
+    ("plumage_adafactor_draws_recipe_ratio2", ["--optimizer", "plumage_adafactor", "--beta1", "0.9", *DRAWS,
+                                               "--regular_lr_ratio", "2"]),
     # its default until then: the same draws at scale 1, one lr
     ("plumage_adafactor_default", ["--optimizer", "plumage_adafactor", "--beta1", "0.9", "--galore_scale", "1",
-                                   "--regular_lr_ratio", "1"]),
-    # GaLore's top-r basis at the default's scale and lrs, through the Gram
-    ("galore_adafactor_recipe_gram_ratio2", ["--optimizer", "plumage_adafactor", "--beta1", "0.9", "--projector", "svd",
-                                             "--realign", "none", "--solver", "gram", "--residual", "none"]),
+                                   *DRAWS, "--regular_lr_ratio", "1"]),
+    # GaLore's top-r basis at the draws' scale and lrs, through the Gram
+    ("galore_adafactor_recipe_gram_ratio2", ["--optimizer", "plumage_adafactor", "--beta1", "0.9", "--solver", "gram",
+                                             "--regular_lr_ratio", "2"]),
 ])
 def test_an_adafactor_arm_trains_as_the_setting_it_measures(label, bare):
     common = ["--lr", "1e-2", "--rank", "4", "--update_proj_gap", "2"]

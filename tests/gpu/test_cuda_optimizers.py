@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_SAMPLED
+from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_ADAFACTOR_DRAWS, PLUMAGE_SAMPLED
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from device_helpers import (  # noqa: E402
@@ -193,7 +193,7 @@ def _four_weights_update(name: str, group: dict, hyper: dict) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name, extra", [("PlumageAdamW8bit", {**FIRA_COMPLEMENT, "v_floor": "none"}),
-                                         ("PlumageAdafactor", {}), ("PlumageSGDM", FIRA_COMPLEMENT)],
+                                         ("PlumageAdafactor", PLUMAGE_ADAFACTOR_DRAWS), ("PlumageSGDM", FIRA_COMPLEMENT)],
                          ids=["8-bit, Fira's complement", "Adafactor's draws", "SGD momentum, Fira's complement"])
 def test_every_backend_takes_its_updates_together_on_cuda_as_one_by_one(name, extra):
     """foreach on the other backends (session 45; on by default on a GPU): the complement and the decay taken together,
@@ -207,7 +207,7 @@ def test_every_backend_takes_its_updates_together_on_cuda_as_one_by_one(name, ex
 
 @pytest.mark.parametrize("name, extra, hyper, tolerance", [
     ("PlumageAdamW8bit", {**FIRA_COMPLEMENT, "v_floor": "none"}, {"lr": 1e-2}, EIGHT_BIT_RTOL),
-    ("PlumageAdafactor", {"residual_horizon": None},
+    ("PlumageAdafactor", {**PLUMAGE_ADAFACTOR_DRAWS, "residual_horizon": None},
      {"lr": 1e-2, "relative_step": False, "scale_parameter": False, "beta1": 0.9}, FP32_RTOL)],
     ids=["8-bit, Fira's complement", "Adafactor's draws, the complement at every update"])
 def test_the_compiled_group_of_8bit_and_adafactor_on_cuda_matches_foreach_eager(name, extra, hyper, tolerance):

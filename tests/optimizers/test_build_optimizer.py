@@ -8,7 +8,7 @@ from torch import nn
 from train_helpers import SHORT_RUN, SMALL_BATCH
 
 from galore_plumage import build_optimizer
-from galore_plumage.optimizers import LayerwiseOptimizer, describe_routing
+from galore_plumage.optimizers import PLUMAGE_ADAFACTOR_DRAWS, LayerwiseOptimizer, describe_routing
 from galore_plumage.optimizers.options import OPTIONS
 
 
@@ -154,8 +154,14 @@ def test_projector_override():
     # the draws as plumage_adafactor's, at GaLore's scale (session 46: the paper's step trained erratically under SGD)
     assert (sgdm["scale"], sgdm["sampled_step"], sgdm["max_inv_p"], sgdm["resample_every"], sgdm["realign"]) == (
         0.25, "adaptive", 1.0, 1, "mv")
+    # plumage_adafactor's draws of sessions 42-80, one dict away: the same options as plumage_sgdm's
+    drawn = next(g for g in build_optimizer("plumage_adafactor", _model(), rank=4, **PLUMAGE_ADAFACTOR_DRAWS).param_groups
+                 if "rank" in g)
+    assert {o.key: sgdm[o.key] for o in OPTIONS} == {o.key: drawn[o.key] for o in OPTIONS}
+    # its default since session 81: GaLore's recipe on GaLore's top-r basis (refreshed through the Gram), no complement
     adafactor = next(g for g in build_optimizer("plumage_adafactor", _model(), rank=4).param_groups if "rank" in g)
-    assert {o.key: sgdm[o.key] for o in OPTIONS} == {o.key: adafactor[o.key] for o in OPTIONS}
+    assert (adafactor["projector"], adafactor["realign"], adafactor["scale"]) == ("svd", "none", 0.25)
+    assert (adafactor["solver"], adafactor["residual"]) == ("auto", "none")
 
 
 def test_tucker_override_projects_convolutions():

@@ -9,7 +9,7 @@ import torch
 from group_helpers import Layer, train
 
 from galore_plumage import PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit
-from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_SAMPLED, adafactor, adamw, multi_tensor
+from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_ADAFACTOR_DRAWS, PLUMAGE_SAMPLED, adafactor, adamw, multi_tensor
 
 RESTING = 1  # a weight that rests every third step: the weights taken together change, and their step counts, so
 # their (α, β) pairs, differ: several runs of the mixing
@@ -115,14 +115,14 @@ ADAFACTOR = {"lr": 1e-2, "relative_step": False, "scale_parameter": False, "weig
 
 @COMPILED_ONLY
 def test_adafactor_compiled_together_trains_as_together_eager(monkeypatch):
-    """plumage_adafactor's defaults (PLUMAGE's draws, the complement after each refresh): its factored step
+    """plumage_adafactor's draws (its default of sessions 42-80, the complement after each refresh): its factored step
     (adafactor.factored_directions_together) and the complement's arithmetic compiled. Adafactor's β2ₜ follows each
     weight's step count: once the resting weight falls behind, a step makes a call for it and one for the others."""
     calls = []
     real = adafactor.compiled_directions_together
     monkeypatch.setattr(adafactor, "compiled_directions_together", lambda *args: calls.append(1) or real(*args))
-    compiled = run(True, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR)
-    eager = run(False, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR)
+    compiled = run(True, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR, **PLUMAGE_ADAFACTOR_DRAWS)
+    eager = run(False, optimizer_class=PlumageAdafactor, hyper=ADAFACTOR, **PLUMAGE_ADAFACTOR_DRAWS)
     assert len(calls) >= 4
     assert_trained_alike(compiled, eager, ("exp_avg", "exp_avg_sq_row", "exp_avg_sq_col"))
 

@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 from galore_plumage import build_optimizer
-from galore_plumage.optimizers import base
+from galore_plumage.optimizers import PLUMAGE_ADAFACTOR_DRAWS, base
 from galore_plumage.projectors import PlumageProjector
 from galore_plumage.projectors import plumage as plumage_module
 
 DRAWS = {  # κ = 1: a draw after every update but a refresh's
-    "plumage_adafactor": {},  # its default draws
+    "plumage_adafactor": PLUMAGE_ADAFACTOR_DRAWS,  # its default of sessions 42-80
     "plumage_adamw": {"projector": "plumage", "resample_every": 1, "realign": "mv_meansplit", "v_floor": "none"},
     "plumage_adamw8bit": {"projector": "plumage", "resample_every": 1, "v_floor": "none"},
     "plumage_sgdm": {"projector": "plumage", "resample_every": 1},
@@ -78,7 +78,8 @@ def test_a_group_of_one_pool_size_draws_once_for_all_and_others_alone(monkeypatc
     real_resample = PlumageProjector.resample
     monkeypatch.setattr(PlumageProjector, "resample", lambda self, step: alone.append(self) or real_resample(self, step))
     net = model()
-    optimizer = build_optimizer("plumage_adafactor", net, rank=6, update_proj_gap=50, target_modules=("0", "1", "2", "3"))
+    optimizer = build_optimizer("plumage_adafactor", net, rank=6, update_proj_gap=50, target_modules=("0", "1", "2", "3"),
+                                **PLUMAGE_ADAFACTOR_DRAWS)
     for _ in range(3):  # a refresh; a draw after each of the three updates
         for param in net.parameters():
             param.grad = torch.randn(param.shape)

@@ -12,7 +12,15 @@ from group_helpers import Layer, train
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from galore_plumage import PlumageAdafactor, PlumageAdamW, PlumageAdamW8bit, build_optimizer
-from galore_plumage.optimizers import FIRA_COMPLEMENT, PLUMAGE_PAPER, PLUMAGE_SAMPLED, PlumageSGDM, base, multi_tensor
+from galore_plumage.optimizers import (
+    FIRA_COMPLEMENT,
+    PLUMAGE_ADAFACTOR_DRAWS,
+    PLUMAGE_PAPER,
+    PLUMAGE_SAMPLED,
+    PlumageSGDM,
+    base,
+    multi_tensor,
+)
 from galore_plumage.optimizers.multi_tensor import foreach_on
 from galore_plumage.projectors.modes import add_product
 
@@ -55,10 +63,11 @@ def test_taken_together_trains_as_one_by_one(name, monkeypatch):
 # weight's RMS: every weight its own step size (Update.unit) and decay
 OTHER_BACKENDS = {
     "adamw8bit": (PlumageAdamW8bit, {"lr": 1e-2, "weight_decay": 0.1}, {}),
-    "adafactor": (PlumageAdafactor, {"weight_decay": 0.1, "beta1": 0.9}, {"residual_horizon": 2}),
-    # ... at an lr, as torchrun_main.py runs it (no relative step, no parameter scaling: one step size for all)
+    "adafactor": (PlumageAdafactor, {"weight_decay": 0.1, "beta1": 0.9}, {}),
+    # ... at an lr, as torchrun_main.py runs it (no relative step, no parameter scaling: one step size for all), on
+    # PLUMAGE's draws (its default of sessions 42-80, with their complement after a refresh)
     "adafactor_lr": (PlumageAdafactor, {"lr": 1e-2, "relative_step": False, "scale_parameter": False,
-                                        "weight_decay": 0.1, "beta1": 0.9}, {"residual_horizon": 2}),
+                                        "weight_decay": 0.1, "beta1": 0.9}, {**PLUMAGE_ADAFACTOR_DRAWS, "residual_horizon": 2}),
     "sgdm": (PlumageSGDM, {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1}, {}),
 }
 
@@ -71,8 +80,8 @@ def test_every_backend_takes_its_updates_together_as_one_by_one(backend, complem
         options = {**options, "residual": "none"}
     elif complement == "fira":
         options = {**FIRA_COMPLEMENT, **({"v_floor": "none"} if backend == "adamw8bit" else {})}
-    # plumage_adafactor's and plumage_sgdm's defaults (PLUMAGE's draws) move their own complement after a refresh
-    moves = complement == "fira" or (complement == "defaults" and backend.startswith(("adafactor", "sgdm")))
+    # PLUMAGE's draws (plumage_sgdm's default, adafactor_lr's) move their own complement after a refresh
+    moves = complement == "fira" or (complement == "defaults" and backend in ("adafactor_lr", "sgdm"))
     check_together_as_one_by_one(options, not moves, monkeypatch, optimizer_class=optimizer_class, hyper=hyper)
 
 

@@ -245,7 +245,7 @@ def test_adafactor_refuses_factored_realignment_of_a_tensor_weight_up_front():
     model = nn.ModuleDict({"mlp": nn.Conv2d(8, 12, 3)})
     options = {"rank": 2, "lr": 1e-2, "update_proj_gap": 2, "projector": "tucker", "relative_step": False}
     with pytest.raises(ValueError, match=re.escape("realign='mv'") + ".*" + re.escape("shape (12, 8, 3, 3)")):
-        build_optimizer("plumage_adafactor", model, **options)
+        build_optimizer("plumage_adafactor", model, realign="mv", **options)
     optimizer = build_optimizer("plumage_adafactor", model, realign="m", **options)
     generator = torch.Generator().manual_seed(0)
     for _ in range(5):  # refreshes at steps 0, 2 and 4, the moments realigned at the last two

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from galore_plumage import build_optimizer
+from galore_plumage.optimizers import PLUMAGE_ADAFACTOR_DRAWS
 from galore_plumage.projectors import PlumageProjector, SVDProjector, build_projector, inclusion_probabilities
 from galore_plumage.projectors import spectrum as spectrum_module
 from galore_plumage.projectors.spectrum import decompose, gram_eigh
@@ -140,7 +141,8 @@ def test_solver_reaches_the_projectors_and_bad_values_are_named():
     ("plumage_adamw", {"projector": "plumage", "resample_every": 0, "max_inv_p": None}, "gram64"),  # the paper's p
     ("galore_adamw", {}, "svd"),  # galore-torch's call, so its bases stay galore-torch's
     ("galore_adamw", {"solver": "auto"}, "gram"),
-    ("plumage_adafactor", {}, "svd"),
+    ("plumage_adafactor", {}, "gram"),  # GaLore's top-r basis since session 81
+    ("plumage_adafactor", PLUMAGE_ADAFACTOR_DRAWS, "svd"),  # its draws of sessions 42-80, refreshed as they were
 ])
 def test_auto_solver_on_a_cpu_is_the_gram_where_the_top_2r_suffice_and_gram64_for_the_whole_spectrum(
         name, options, expected, monkeypatch):

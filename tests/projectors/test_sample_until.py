@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from galore_plumage import build_optimizer
+from galore_plumage.optimizers import PLUMAGE_ADAFACTOR_DRAWS
 from galore_plumage.projectors import build_projector
 
 RANK, GAP = 6, 4
@@ -73,7 +74,7 @@ def test_optimizer_passes_sample_until_to_its_projectors():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(24, 30, bias=False), nn.Linear(30, 24, bias=False))
     optimizer = build_optimizer("plumage_adafactor", net, rank=RANK, update_proj_gap=GAP, target_modules=("0", "1"),
-                                sample_until=GAP)
+                                sample_until=GAP, **PLUMAGE_ADAFACTOR_DRAWS)
     generator = torch.Generator().manual_seed(2)
     for _ in range(GAP + 3):
         for param in net.parameters():

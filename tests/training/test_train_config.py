@@ -540,8 +540,24 @@ def test_an_adafactor_checkpoint_from_before_session_42_resumes_at_one_lr():
     saved = asdict(parse_config([*adafactor, "--regular_lr_ratio", "1"]))
     saved["regular_lr_ratio"] = None  # not given then: one lr was the default
     (conflict,) = resume_conflicts(saved, parse_config(adafactor))
-    assert conflict == "--regular_lr 0.02 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
+    assert conflict == "--regular_lr 0.04 (the checkpoint: None; one lr on every group: --regular_lr_ratio 1)"
     assert resume_conflicts(saved, parse_config([*adafactor, "--regular_lr_ratio", "1"])) == []
+
+
+def test_an_adafactor_checkpoint_of_sessions_42_to_80_resumes_its_draws_at_2x():
+    """plumage_adafactor drew PLUMAGE's sample at 2x the regular group's lr in sessions 42-80; its default is now
+    GaLore's basis at 4x. The draws come back with the optimizer's state (its param groups); the conflict names the
+    ratio it ran at, and that flag clears it."""
+    from dataclasses import asdict
+
+    from galore_plumage.training.config import resume_conflicts
+
+    adafactor = ["--optimizer", "plumage_adafactor", "--lr", "1e-2"]
+    saved = asdict(parse_config([*adafactor, "--regular_lr_ratio", "2"]))
+    saved["regular_lr_ratio"] = None  # not given then: 2x was the default
+    (conflict,) = resume_conflicts(saved, parse_config(adafactor))
+    assert conflict == "--regular_lr 0.04 (the checkpoint: 0.02; as it ran: --regular_lr_ratio 2)"
+    assert resume_conflicts(saved, parse_config([*adafactor, "--regular_lr_ratio", "2"])) == []
 
 
 def test_a_checkpoint_from_sessions_36_to_55_resumes_with_its_warm_up_and_lr():
@@ -717,22 +733,24 @@ def test_a_checkpoint_from_before_the_ratio_resumes_with_one_lr():
 
 
 @pytest.mark.parametrize("argv, sample_until", [
-    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000"], 1000),
-    (["--optimizer", "plumage_adafactor", "--num_training_steps", "4999"], "absent"),
-    (["--optimizer", "plumage_adafactor", "--max_train_tokens", "2560000", "--batch_size", "8", "--max_length", "64"],
-     1000),  # 5000 updates of 512 tokens
-    (["--optimizer", "plumage_adafactor_per_layer", "--num_training_steps", "5000"], 1000),
-    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000", "--sample_until", "none"], None),
-    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000", "--sample_until", "2000"], 2000),
-    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000", "--projector", "svd"], "absent"),
+    (["--optimizer", "plumage_adafactor", "--projector", "plumage", "--num_training_steps", "5000"], 1000),
+    (["--optimizer", "plumage_adafactor", "--projector", "plumage", "--num_training_steps", "4999"], "absent"),
+    (["--optimizer", "plumage_adafactor", "--projector", "plumage", "--max_train_tokens", "2560000", "--batch_size", "8",
+      "--max_length", "64"], 1000),  # 5000 updates of 512 tokens
+    (["--optimizer", "plumage_adafactor_per_layer", "--projector", "plumage", "--num_training_steps", "5000"], 1000),
+    (["--optimizer", "plumage_adafactor", "--projector", "plumage", "--num_training_steps", "5000", "--sample_until",
+      "none"], None),
+    (["--optimizer", "plumage_adafactor", "--projector", "plumage", "--num_training_steps", "5000", "--sample_until",
+      "2000"], 2000),
+    (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000"], "absent"),  # GaLore's basis since session 81
     (["--optimizer", "plumage_adafactor", "--num_training_steps", "5000", "--preset", "paper"], "absent"),
     (["--optimizer", "plumage_adamw", "--num_training_steps", "5000", "--projector", "plumage"], "absent"),
     (["--optimizer", "galore_adafactor", "--num_training_steps", "5000"], "absent"),
 ])
 def test_a_long_plumage_adafactor_run_draws_over_its_first_1000_updates(argv, sample_until):
-    """optimizers.PRETRAIN_SAMPLE_UNTIL: plumage_adafactor pretrains with PLUMAGE's draws until update 1000 in a run of
-    5000 updates or more, unless --sample_until is given (as 'none' too), the projector given does not sample, or a
-    preset is named; no other name derives it."""
+    """optimizers.PRETRAIN_SAMPLE_UNTIL: plumage_adafactor with PLUMAGE's projector (--projector plumage; its default
+    of sessions 42-80) pretrains with the draws until update 1000 in a run of 5000 updates or more, unless --sample_until
+    is given (as 'none' too) or a preset is named; its default projector does not sample, and no other name derives it."""
     assert parse_config(argv).low_rank.get("sample_until", "absent") == sample_until
 
 
@@ -743,7 +761,7 @@ def test_a_long_plumage_adafactor_checkpoint_from_before_session_77_resumes_draw
 
     from galore_plumage.training.config import resume_conflicts
 
-    argv = ["--optimizer", "plumage_adafactor", "--num_training_steps", "5000"]
+    argv = ["--optimizer", "plumage_adafactor", "--projector", "plumage", "--num_training_steps", "5000"]
     saved = asdict(parse_config([*argv, "--sample_until", "none"]))
     del saved["low_rank"]["sample_until"]
     assert resume_conflicts(saved, parse_config(argv)) == [
