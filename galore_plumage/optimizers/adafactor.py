@@ -293,8 +293,9 @@ class GaLoreAdafactor(LowRankOptimizer):
 
 # plumage_adafactor's setting since session 81: GaLore's top-r basis refreshed through the Gram's eigh (solver "auto"),
 # moments kept at a refresh as GaLore keeps them, no complement, at GaLore's scale 0.25; in pretraining its regular
-# group steps at 4x the lr (PRETRAIN_REGULAR_LR_RATIO). PLUMAGE's draws (session 42's default) stay one flag away:
-# projector="plumage" takes the plumage_* options (κ = 1, 1/p capped at 1, the pool in bfloat16) from PLUMAGE_DEFAULTS.
+# group steps at 4x the lr (PRETRAIN_REGULAR_LR_RATIO). The plumage_* sampling options (κ = 1, 1/p capped at 1, the
+# pool in bfloat16) stay PLUMAGE_DEFAULTS', for projector="plumage"; with it, name the moments' realignment and the
+# complement too (PLUMAGE_ADAFACTOR_DRAWS below), as plumage_adamw's draws name theirs (PLUMAGE_SAMPLED).
 PLUMAGE_ADAFACTOR_RECIPE = {"projector": "svd", "scale": 0.25, "realign": "none", "solver": "auto", "residual": "none"}
 # The default of sessions 42-80, one dict away: PLUMAGE's draws before every update, the factored moments realigned
 # (mv), the complement on the 10 updates after a refresh, each refresh by torch.linalg.svd.
