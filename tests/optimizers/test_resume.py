@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from galore_plumage import build_optimizer
-from galore_plumage.optimizers import PLUMAGE_SAMPLED
+from galore_plumage.optimizers import PLUMAGE_ADAFACTOR_DRAWS, PLUMAGE_SAMPLED
 
 GAP, SAVE_AFTER, TOTAL = 3, 6, 11  # refreshes at steps 0, 3, 6, 9: the first resumed step (6) refreshes
 CONFIGS = {  # name -> options; min_8bit_size=64 puts these small tensors on the blockwise 8-bit path
@@ -26,6 +26,9 @@ CONFIGS = {  # name -> options; min_8bit_size=64 puts these small tensors on the
     "plumage_adamw8bit": {"lr": 1e-2, "weight_decay": 0.1, "min_8bit_size": 64},
     "plumage_adamw8bit sampled": {"lr": 1e-2, "weight_decay": 0.1, "min_8bit_size": 64, **PLUMAGE_SAMPLED},
     "plumage_adafactor": {"lr": 1e-2, "relative_step": False, "beta1": 0.9, "weight_decay": 0.1},
+    # PLUMAGE's draws on Adafactor (its default of sessions 42-80): pool, draw count, the complement's limiter
+    "plumage_adafactor draws": {"lr": 1e-2, "relative_step": False, "beta1": 0.9, "weight_decay": 0.1,
+                                **PLUMAGE_ADAFACTOR_DRAWS},
     "plumage_sgdm": {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.1},
     # the remedies keep state of their own: the limiter's last norm, each row's bias-correction weights
     "plumage_adamw norm_matched": {"lr": 1e-2, "weight_decay": 0.1, **PLUMAGE_SAMPLED, "sampled_step": "norm_matched"},
@@ -108,6 +111,31 @@ def test_resume_continues_bit_for_bit(name, dtype, tmp_path):
     _assert_equal_states(resumed.state_dict(), optimizer.state_dict())
     refreshes = [s["refreshes"] for s in resumed.projector_stats().values()]
     assert refreshes == [len(range(0, TOTAL, GAP))] * 2  # the resumed run went through two refreshes
+
+
+def test_a_checkpoint_of_plumage_adafactors_draws_goes_on_drawing_under_todays_default(tmp_path):
+    """plumage_adafactor drew PLUMAGE's sample in sessions 42-80; its checkpoint loaded into today's default (GaLore's
+    basis) brings its groups' settings back with it, and the run goes on drawing, bit for bit."""
+    model = _model(torch.float32)
+    optimizer = _build("plumage_adafactor draws", model)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(SAVE_AFTER):
+        _step(model, optimizer, generator)
+    torch.save(optimizer.state_dict(), tmp_path / "optimizer.pt")
+    resumed_model = copy.deepcopy(model)
+    resumed = _build("plumage_adafactor", resumed_model)
+    assert {g["projector"] for g in resumed.param_groups if "rank" in g} == {"svd"}
+    resumed.load_state_dict(torch.load(tmp_path / "optimizer.pt", weights_only=True))
+    assert {(g["projector"], g["realign"], g["residual"]) for g in resumed.param_groups if "rank" in g} == {
+        ("plumage", "mv", "norm_matched")}
+    resumed_generator = torch.Generator()
+    resumed_generator.set_state(generator.get_state())
+    for _ in range(SAVE_AFTER, TOTAL):
+        _step(model, optimizer, generator)
+        _step(resumed_model, resumed, resumed_generator)
+        for a, b in zip(model.parameters(), resumed_model.parameters(), strict=True):
+            assert torch.equal(a, b)
+    _assert_equal_states(resumed.state_dict(), optimizer.state_dict())
 
 
 def _low_rank_params(optimizer):
