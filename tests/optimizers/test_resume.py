@@ -84,6 +84,21 @@ def _assert_equal_states(a, b, where=""):
         assert a == b, where
 
 
+def _continue_in_lockstep(run, resumed_run):
+    """Steps SAVE_AFTER to TOTAL of the uninterrupted run and the resumed one on the same gradients: the same weights
+    after each, the same state at the end."""
+    model, optimizer, generator = run
+    resumed_model, resumed = resumed_run
+    resumed_generator = torch.Generator()
+    resumed_generator.set_state(generator.get_state())
+    for _ in range(SAVE_AFTER, TOTAL):
+        _step(model, optimizer, generator)
+        _step(resumed_model, resumed, resumed_generator)
+        for a, b in zip(model.parameters(), resumed_model.parameters(), strict=True):
+            assert torch.equal(a, b)
+    _assert_equal_states(resumed.state_dict(), optimizer.state_dict())
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_resume_continues_bit_for_bit(name, dtype, tmp_path):
@@ -101,14 +116,7 @@ def test_resume_continues_bit_for_bit(name, dtype, tmp_path):
     resumed.load_state_dict(torch.load(tmp_path / "optimizer.pt", weights_only=True))
     _assert_equal_states(resumed.state_dict(), optimizer.state_dict())
 
-    resumed_generator = torch.Generator()
-    resumed_generator.set_state(generator.get_state())
-    for _ in range(SAVE_AFTER, TOTAL):
-        _step(model, optimizer, generator)
-        _step(resumed_model, resumed, resumed_generator)
-        for a, b in zip(model.parameters(), resumed_model.parameters(), strict=True):
-            assert torch.equal(a, b)
-    _assert_equal_states(resumed.state_dict(), optimizer.state_dict())
+    _continue_in_lockstep((model, optimizer, generator), (resumed_model, resumed))
     refreshes = [s["refreshes"] for s in resumed.projector_stats().values()]
     assert refreshes == [len(range(0, TOTAL, GAP))] * 2  # the resumed run went through two refreshes
 
@@ -128,14 +136,7 @@ def test_a_checkpoint_of_plumage_adafactors_draws_goes_on_drawing_under_todays_d
     resumed.load_state_dict(torch.load(tmp_path / "optimizer.pt", weights_only=True))
     assert {(g["projector"], g["realign"], g["residual"]) for g in resumed.param_groups if "rank" in g} == {
         ("plumage", "mv", "norm_matched")}
-    resumed_generator = torch.Generator()
-    resumed_generator.set_state(generator.get_state())
-    for _ in range(SAVE_AFTER, TOTAL):
-        _step(model, optimizer, generator)
-        _step(resumed_model, resumed, resumed_generator)
-        for a, b in zip(model.parameters(), resumed_model.parameters(), strict=True):
-            assert torch.equal(a, b)
-    _assert_equal_states(resumed.state_dict(), optimizer.state_dict())
+    _continue_in_lockstep((model, optimizer, generator), (resumed_model, resumed))
 
 
 def _low_rank_params(optimizer):
