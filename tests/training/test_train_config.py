@@ -331,7 +331,12 @@ def test_the_lr_defaults_to_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
     ([*SMALL_BATCH, "--v_floor", "m2"], 7e-3),
     ([*SMALL_BATCH, "--v_floor_horizon", "200"], 1e-2),  # another warm-up: no factor, as it was measured
     ([*SMALL_BATCH, "--v_floor", "none"], 1e-2),  # no floor: no warm-up to outlast
-    ([*SMALL_BATCH, "--optimizer", "plumage_adamw8bit"], 1e-2),  # not measured on 8-bit
+    ([*SMALL_BATCH, "--optimizer", "plumage_adamw8bit"], 7e-3),  # 8-bit's m2 warm-up too (session 82)
+    ([*SMALL_BATCH, "--optimizer", "plumage_adamw8bit", "--num_training_steps", "999", "--warmup_steps", "100"], 1e-2),
+    ([*SMALL_BATCH, "--optimizer", "plumage_adamw8bit_per_layer"], 7e-3),
+    (["--optimizer", "plumage_adamw8bit"], 1e-2),  # 2048 tokens: 8-bit's 200-update warm-up, no factor
+    (["--optimizer", "plumage_adamw8bit", "--v_floor_horizon", "none"], 7e-3),  # m2's own there, given
+    (["--optimizer", "plumage_adamw8bit", "--batch_size", "16"], 1e-2),  # 4096: no floor, a large batch by its size
     ([*SMALL_BATCH, "--preset", "sampled"], 1e-2),  # a preset keeps the lr it was measured with
     ([*SMALL_BATCH, "--optimizer", "galore_adamw"], 1e-3),
     ([*SMALL_BATCH, "--lr", "1e-2"], 1e-2),  # a given lr wins
@@ -340,7 +345,8 @@ def test_a_long_run_scales_the_pretraining_lr_of_m2s_own_warm_up(argv, lr):
     """optimizers.PRETRAIN_LONG_RUN_LR: from 1000 updates (--num_training_steps, or --max_train_tokens over the
     tokens an update), where the floor in effect is m2 with its own warm-up, plumage_adamw pretrains at 0.7 x its
     batch's lr (the library's 1e-2 below 2048 tokens an update, PRETRAIN_LR's 2e-2 from there), and at 0.7 x 1e-2
-    where such a run pretrains as a large batch for its length (from 2048 to 4095 tokens an update, no floor)."""
+    where such a run pretrains as a large batch for its length (from 2048 to 4095 tokens an update, no floor);
+    plumage_adamw8bit at 0.7 x 1e-2 where its floor is m2's own warm-up (below 2048 tokens an update, or given)."""
     assert parse_config(argv).lr == pytest.approx(lr)
 
 
@@ -591,18 +597,20 @@ def test_a_checkpoint_from_before_session_36_resumes_at_its_lr():
     assert resume_conflicts(saved, parse_config([*SHORT_RUN, "--lr", "1e-2"])) == []
 
 
-def test_a_long_run_from_before_session_64_resumes_at_its_lr():
-    """A plumage_adamw run of 1000 updates or more below 2048 tokens an update saved before session 64 ran at the
-    library's 1e-2; today's default there is 0.7 x 1e-2 (PRETRAIN_LONG_RUN_LR). The conflicts name the lr, and giving
-    it clears them."""
+@pytest.mark.parametrize("optimizer", ["plumage_adamw", "plumage_adamw8bit"])
+def test_a_long_run_from_before_its_long_run_lr_resumes_at_its_lr(optimizer):
+    """A run of 1000 updates or more below 2048 tokens an update saved before its long-run lr (plumage_adamw before
+    session 64, plumage_adamw8bit before session 82) ran at the library's 1e-2; today's default there is 0.7 x 1e-2
+    (PRETRAIN_LONG_RUN_LR). The conflicts name the lr, and giving it clears them."""
     from dataclasses import asdict
 
     from galore_plumage.training.config import resume_conflicts
 
-    saved = asdict(parse_config([*SMALL_BATCH, "--lr", "1e-2"]))  # GaLore's 10,000 updates, at that run's default lr
-    assert resume_conflicts(saved, parse_config(SMALL_BATCH)) == ["--lr 0.007 (the checkpoint: 0.01)",
-                                                                  "--regular_lr 0.014 (the checkpoint: 0.02)"]
-    assert resume_conflicts(saved, parse_config([*SMALL_BATCH, "--lr", "1e-2"])) == []
+    argv = [*SMALL_BATCH, "--optimizer", optimizer]  # GaLore's 10,000 updates
+    saved = asdict(parse_config([*argv, "--lr", "1e-2"]))  # at that run's default lr
+    assert resume_conflicts(saved, parse_config(argv)) == ["--lr 0.007 (the checkpoint: 0.01)",
+                                                           "--regular_lr 0.014 (the checkpoint: 0.02)"]
+    assert resume_conflicts(saved, parse_config([*argv, "--lr", "1e-2"])) == []
 
 
 def test_a_long_run_from_session_66_resumes_at_its_lr():
