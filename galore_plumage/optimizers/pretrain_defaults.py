@@ -64,10 +64,10 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 # two are level (1e-2 − 7e-3 −0.023 / −0.026 / +0.039, t = 0.2; session 73). From 4,096 tokens an update (a large
 # batch by its size) no factor: a long run there is unmeasured. plumage_adamw8bit takes the same factor since session
 # 82, where its floor is m2's own warm-up too (below 2,048 tokens an update, or --v_floor_horizon none): at 5000 updates
-# of 512 tokens on the Python source read once, 7e-3 was ahead of 1e-2 on both seeds run (+0.016 / +0.002) and of
-# GaLore's 8-bit recipe at its bracketed best, 3e-3 (2e-3 0.034 and 5e-3 0.047 behind it), by 0.020 over three seeds
-# (-0.002 / +0.023 / +0.038, t = 1.7), where 1e-2 was level with it (-0.018 / +0.021; docs/results.md §3, sessions
-# 78-82).
+# of 512 tokens on the Python source read once, 7e-3 was ahead of 1e-2 on every seed of three (+0.016 / +0.002 /
+# +0.026, t = 2.1) and of GaLore's 8-bit recipe at its bracketed best, 3e-3 (2e-3 0.034 and 5e-3 0.047 behind it), by
+# 0.020 over three seeds (-0.002 / +0.023 / +0.038, t = 1.7), where 1e-2 was level with it (+0.005: -0.018 / +0.021 /
+# +0.012; docs/results.md §3, sessions 78-82).
 PRETRAIN_LONG_RUN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (1000, 0.7),
                                                                   ("plumage", "adamw8bit"): (1000, 0.7)}
 
