@@ -315,6 +315,10 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
     "galore8bit_recipe_gram_ratio2_fira": ("galore_adamw8bit", [
         "--galore_scale", "0.25", "--solver", "gram", "--regular_lr_ratio", "2", "--residual", "norm_matched",
         "--residual_scale", "1"], (1e-2, 7e-3, 1.4e-2)),
+    # ... and the paper's estimator on the 8-bit states (scale 1, as the paper documents it; its float32 arm's grid;
+    # no row_bias_correction, which the 8-bit backend refuses)
+    "plumage8bit_paper": ("plumage_adamw8bit", ["--galore_scale", "1.0", *plumage_flags(row_bias_correction=None)],
+                          (3e-4, 1e-4, 1e-3)),
     # Adafactor with a first moment (β1 = 0.9, as GaLore ran it; an lr turns the relative step and the parameter
     # scaling off, as transformers advises): GaLore's recipe; plumage_adafactor's default until session 42 (PLUMAGE's
     # draws, κ = 1, cap 1, the complement on 10 updates after a refresh, scale 1, at one lr: H10 with mv realignment)
