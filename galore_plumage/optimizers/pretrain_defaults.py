@@ -68,9 +68,10 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 # +0.026, t = 2.1) and of GaLore's 8-bit recipe at its bracketed best, 3e-3 (2e-3 0.034 and 5e-3 0.047 behind it), by
 # 0.020 over three seeds (-0.002 / +0.023 / +0.038, t = 1.7), where 1e-2 was level with it (+0.005: -0.018 / +0.021 /
 # +0.012; docs/results.md §3, sessions 78-82); 5e-3 ended 0.009 behind 7e-3 there (seed 0). At 2000 updates 7e-3 led
-# 1e-2 by 0.021 (seed 0) and GaLore's 8-bit recipe at its bracketed best, 3e-3, by 0.059 (three seeds, every seed and
-# evaluation, t = 24.8; sessions 83-84). At 1000 updates 7e-3 led 1e-2 by 0.015 (t = 1.1, ahead on two of three; 5e-3
-# 0.031 behind, seed 0) and GaLore's 8-bit recipe at its bracketed best, 5e-3, by 0.092 (t = 21.2; session 84).
+# 1e-2 by 0.021 and 3e-3 by 0.013, level with 5e-3 (seed 0), and GaLore's 8-bit recipe at its bracketed best, 3e-3, by
+# 0.059 (three seeds, every seed and evaluation, t = 24.8; sessions 83-84). At 1000 updates 7e-3 led 1e-2 by 0.015
+# (t = 1.1, ahead on two of three; 5e-3 0.031 behind, seed 0) and GaLore's 8-bit recipe at its bracketed best, 5e-3, by
+# 0.092 (t = 21.2; session 84).
 PRETRAIN_LONG_RUN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (1000, 0.7),
                                                                   ("plumage", "adamw8bit"): (1000, 0.7)}
 
