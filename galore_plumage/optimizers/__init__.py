@@ -103,14 +103,14 @@ def check_regular_lr(regular_lr: float | None, name: str, where: str = "--regula
                          "embeddings, norms and head), or leave it out to use lr")
 
 
-def check_regular_lr_ratio(ratio: float | None, name: str) -> None:
-    """Refuse --regular_lr_ratio (the regular group's lr over lr) where it is not a positive finite number, or where
-    optimizer `name` is full-rank, as check_regular_lr refuses an absolute one."""
+def check_regular_lr_ratio(ratio: float | None, name: str, flag: str = "--regular_lr_ratio") -> None:
+    """Refuse `flag` (a regular group's lr over lr) where it is not a positive finite number, or where optimizer
+    `name` is full-rank, as check_regular_lr refuses an absolute one."""
     if ratio is None:
         return
-    _refuse_without_regular_group(name, f"--regular_lr_ratio {ratio:g}", "drop it")
+    _refuse_without_regular_group(name, f"{flag} {ratio:g}", "drop it")
     if not (math.isfinite(ratio) and ratio > 0):
-        raise ValueError(f"--regular_lr_ratio must be a positive finite number (the regular group's lr over --lr; "
+        raise ValueError(f"{flag} must be a positive finite number (the regular group's lr over --lr; "
                          f"1 = one lr on every group), got {ratio:g}")
 
 

@@ -147,6 +147,9 @@ class TrainConfig:
     regular_lr_ratio: float = flag(None, "the regular group's peak lr as a multiple of --lr, when --regular_lr is not "
                                          "given; default: the optimizer's" + _regular_lr_ratios() + " (docs/results.md "
                                          "§3, sessions 32-33)")
+    regular_lr_ratio_on_repeat: float = flag(None, "the regular group's peak lr as a multiple of --lr from the update "
+                                                   "that begins reading the training text a second time (text held in "
+                                                   "memory, not streamed); default: as before it")
     weight_decay: float = flag(0.0, "decoupled weight decay")
     beta1: float = flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
     grad_clipping: float = flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
@@ -293,8 +296,8 @@ def _check_numbers(c: TrainConfig) -> None:
                  "update_proj_gap", "eval_tokens", "vocab_size"):
         if getattr(c, name) < 1:
             raise ValueError(f"--{name} must be >= 1, got {getattr(c, name)}")
-    for name in ("lr", "regular_lr", "regular_lr_ratio", "weight_decay", "grad_clipping", "min_lr_ratio", "beta1",
-                 "galore_scale"):
+    for name in ("lr", "regular_lr", "regular_lr_ratio", "regular_lr_ratio_on_repeat", "weight_decay", "grad_clipping",
+                 "min_lr_ratio", "beta1", "galore_scale"):
         value = getattr(c, name)
         if value is not None and not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}")
@@ -317,6 +320,11 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
     check_optimizer_options(c.optimizer, c.projector, c.low_rank, preset=c.preset)  # before any file is written
     check_regular_lr(c.regular_lr, c.optimizer)
     check_regular_lr_ratio(c.regular_lr_ratio, c.optimizer)
+    check_regular_lr_ratio(c.regular_lr_ratio_on_repeat, c.optimizer, "--regular_lr_ratio_on_repeat")
+    if c.regular_lr_ratio_on_repeat is not None and is_streamed(c.dataset, c.streaming):
+        raise ValueError(f"--regular_lr_ratio_on_repeat {c.regular_lr_ratio_on_repeat:g} needs the training text's "
+                         f"length, which a stream does not know (--dataset {c.dataset!r}"
+                         f"{' --streaming' if c.streaming else ''}): read a local file into memory, or drop it")
     if c.regular_lr_ratio is not None and c.regular_lr is not None:
         raise ValueError(f"--regular_lr {c.regular_lr:g} and --regular_lr_ratio {c.regular_lr_ratio:g} both set the "
                          "regular group's lr: give one")
@@ -429,6 +437,11 @@ def is_local_file(dataset: str) -> bool:
     """A --dataset that names a file (by its suffix, or because it exists); any other name but the bundled corpus is a
     hub dataset, streamed. A file must then be .txt/.jsonl (checked above)."""
     return Path(dataset).suffix.lower() in FILE_SUFFIXES or Path(dataset).is_file()
+
+
+def is_streamed(dataset: str, streaming: bool = False) -> bool:
+    """A hub dataset is always streamed; a local file only with --streaming; the bundled corpus never."""
+    return dataset != BUNDLED and (streaming or not is_local_file(dataset))
 
 
 def _ratio(run: dict) -> float | None:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
-from .config import BUNDLED, DEFAULT_TOKENIZER, TrainConfig, is_local_file
+from .config import BUNDLED, DEFAULT_TOKENIZER, TrainConfig, is_local_file, is_streamed
 from .corpus import fetch_corpus, split_works
 from .distributed import Dist
 from .documents import HELD_OUT_EVERY, held_out, read_documents
@@ -31,11 +31,6 @@ SHUFFLE_BUFFER = 10_000  # documents in a streamed dataset's shuffle buffer
 
 
 # ----------------------------------------------------------------- documents
-def is_streamed(dataset: str, streaming: bool = False) -> bool:
-    """A hub dataset is always streamed; a local file only with --streaming; the bundled corpus never."""
-    return dataset != BUNDLED and (streaming or not is_local_file(dataset))
-
-
 def load_texts(config: TrainConfig) -> tuple[list[str], list[str]]:
     """(train, validation) documents of an in-memory source."""
     if config.dataset == BUNDLED:
@@ -114,6 +109,10 @@ class ShuffledBatches:
             indices.append(self._order(g // n)[g % n])
         self.position += 1
         return self.sequences[torch.stack(indices)]
+
+    def first_repeat_update(self, accumulation: int) -> int:
+        """The update (0-based, of `accumulation` micro-batches) that begins reading the training sequences again."""
+        return len(self.sequences) // (self.batch_size * self.world_size * accumulation)
 
     @property
     def passes(self) -> float:

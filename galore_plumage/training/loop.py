@@ -31,8 +31,8 @@ from .checkpoint import (
     set_rng_state,
     warn,
 )
-from .config import BATCH_LAYOUT, RESUME_MAY_CHANGE, TrainConfig, resume_conflicts
-from .data import Batches, is_streamed
+from .config import BATCH_LAYOUT, RESUME_MAY_CHANGE, TrainConfig, is_streamed, resume_conflicts
+from .data import Batches
 from .distributed import Dist, all_reduce_sum, barrier, computed_on_main, gather_floats
 from .fsdp import ensure_process_group, load_sharded_checkpoint, save_sharded_checkpoint, shard_model
 from .metrics import MetricsLog, Progress, perplexity, projector_records
@@ -170,7 +170,7 @@ class Trainer:
         self.optimizer = make_optimizer(config, self.model)
         self.inner = inner_optimizer(self.optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
         self.scheduler = build_scheduler(self.inner, config.scheduler, config.warmup_steps, config.num_training_steps,
-                                         config.min_lr_ratio)
+                                         config.min_lr_ratio, self.regular_change())
         self.index_names = _names_by_group_index(self.inner, self.model)
         if self.main:
             claim_save_dir(config)
@@ -184,6 +184,17 @@ class Trainer:
                 self.model, device_ids=[context.local_rank] if context.device.type == "cuda" else None)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.progress = Progress(config.num_training_steps, self.update_step, enabled=self.main and config.progress)
+
+    def regular_change(self) -> tuple[int, float] | None:
+        """(update, times): --regular_lr_ratio_on_repeat's change of the regular group's lr, from the update that
+        begins the training text's second pass (a multi-pass run fits the embeddings and head to text seen again;
+        docs/results.md §3, session 87); None without it."""
+        config = self.config
+        if config.regular_lr_ratio_on_repeat is None:
+            return None
+        before = config.regular_lr if config.regular_lr is not None else config.lr
+        times = config.regular_lr_ratio_on_repeat * config.lr / before if before > 0 else 1.0
+        return self.batches.shuffled.first_repeat_update(config.gradient_accumulation), times
 
     def resume(self, folder: Path, saved: dict) -> None:
         """Model, optimizer, schedule, data position, RNG and counters from a checkpoint (`saved`: its writer's flags,
@@ -215,6 +226,12 @@ class Trainer:
         print(f"optimizer {config.optimizer}: " + describe_routing(self.optimizer.routing, config.rank))
         print(f"{config.num_training_steps} updates of {config.total_batch_size} x {config.max_length} tokens "
               f"(batch {config.batch_size} x accumulation {config.gradient_accumulation} x world {context.world_size})")
+        change = self.regular_change()
+        if change is not None:
+            before = (config.regular_lr or config.lr) / config.lr if config.lr > 0 else 1.0
+            print(f"the regular group's lr: {before:g} x --lr's through update {change[0]}, "
+                  f"{config.regular_lr_ratio_on_repeat:g} x from update {change[0] + 1}, where the training text is "
+                  "read a second time (--regular_lr_ratio_on_repeat)")
         self.log.write("config", step=self.update_step, **asdict(config))
 
     def autocast(self):
@@ -246,12 +263,15 @@ class Trainer:
         if not torch.isfinite(loss_sum):
             raise FloatingPointError(f"non-finite training loss at update {self.update_step + 1}; lower --lr or enable "
                                      f"--grad_clipping. The last checkpoint is left untouched")
-        clipped = {}
+        extra = {}  # the record's optional fields
         if config.grad_clipping > 0:  # resolve() refused clipping for per-layer optimizers
             norm = torch.nn.utils.clip_grad_norm_(self.trainable, config.grad_clipping)
             # the norm before clipping, logged: how often the clip binds. FSDP2's is a replicated DTensor
-            clipped["grad_norm"] = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+            extra["grad_norm"] = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
         lr = self.inner.param_groups[-1]["lr"]  # --lr's group: the low-rank one is built last (--regular_lr: the first)
+        if (config.regular_lr is not None or config.regular_lr_ratio_on_repeat is not None) \
+                and "rank" not in self.inner.param_groups[0]:
+            extra["regular_lr"] = self.inner.param_groups[0]["lr"]  # its own lr, logged beside --lr's
         self.optimizer.step()
         step_scheduler(self.scheduler)
         self.optimizer.zero_grad(set_to_none=True)
@@ -261,7 +281,7 @@ class Trainer:
         train_loss = loss_total / (config.gradient_accumulation * self.context.world_size)
         rate = self.progress.update(train_loss, lr, config.tokens_per_update)
         self.log.write("train", step=self.update_step, loss=train_loss, lr=lr, tokens=self.tokens_seen,
-                       tokens_per_s=rate, **clipped)
+                       tokens_per_s=rate, **extra)
 
     def evaluate(self) -> float:
         """Eval loss on the fixed validation batches, logged with the projectors' statistics."""

@@ -24,11 +24,27 @@ def lr_factor(step: int, kind: str, warmup_steps: int, total_steps: int, min_lr_
     raise ValueError(f"unknown scheduler {kind!r}; choose cosine, linear or constant")
 
 
-def build_scheduler(optimizer: Optimizer, kind: str, warmup_steps: int, total_steps: int,
-                    min_lr_ratio: float) -> LambdaLR:
-    """Stepped once per update. (A partial, not a lambda, so the scheduler's state_dict stays plain.)"""
-    return LambdaLR(optimizer, partial(lr_factor, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps,
-                                       min_lr_ratio=min_lr_ratio))
+def changed_from(step: int, factor: partial, from_step: int, times: float) -> float:
+    """`factor`'s multiplier before update `step`, times `times` from update `from_step` (0-based) on."""
+    return factor(step) * (times if step >= from_step else 1.0)
+
+
+def build_scheduler(optimizer: Optimizer, kind: str, warmup_steps: int, total_steps: int, min_lr_ratio: float,
+                    regular_change: tuple[int, float] | None = None) -> LambdaLR:
+    """Stepped once per update. `regular_change` = (from_step, times): the regular group's lr (the first group, the
+    only one without a rank) is `times` its scheduled value from update `from_step` on. (Partials, not lambdas, so the
+    scheduler's state_dict stays plain.)"""
+    factor = partial(lr_factor, kind=kind, warmup_steps=warmup_steps, total_steps=total_steps,
+                     min_lr_ratio=min_lr_ratio)
+    if regular_change is None:
+        return LambdaLR(optimizer, factor)
+    groups = optimizer.param_groups
+    if "rank" in groups[0]:
+        raise ValueError("a change of the regular group's lr needs a regular group (embeddings, norms, head) as the "
+                         "optimizer's first parameter group; this optimizer's first group is projected")
+    from_step, times = regular_change
+    regular = partial(changed_from, factor=factor, from_step=from_step, times=times)
+    return LambdaLR(optimizer, [regular] + [factor] * (len(groups) - 1))
 
 
 def step_scheduler(scheduler: LambdaLR) -> None:

@@ -259,6 +259,13 @@ def test_proj_quant_is_refused():
                                                            "regular group's lr: give one"),
     (["--optimizer", "adamw", "--regular_lr_ratio", "2"], r"--regular_lr_ratio 2 sets .* optimizer 'adamw' projects "
                                                           "none; drop it"),
+    (["--regular_lr_ratio_on_repeat", "nan"], "--regular_lr_ratio_on_repeat must be a finite number, got nan"),
+    (["--regular_lr_ratio_on_repeat", "0"], r"--regular_lr_ratio_on_repeat must be a positive finite number .*got 0"),
+    (["--optimizer", "adamw", "--regular_lr_ratio_on_repeat", "1"], r"--regular_lr_ratio_on_repeat 1 sets .* "
+                                                                     "optimizer 'adamw' projects none; drop it"),
+    (["--dataset", "allenai/c4", "--regular_lr_ratio_on_repeat", "1"], r"--regular_lr_ratio_on_repeat 1 needs the "
+                                                                        r"training text's length, which a stream does "
+                                                                        r"not know \(--dataset 'allenai/c4'\)"),
 ])
 def test_out_of_range_values_name_the_flag(argv, message):
     with pytest.raises(ValueError, match=message):

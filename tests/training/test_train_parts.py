@@ -111,6 +111,32 @@ def test_scheduler_state_round_trips_through_weights_only(kind, tmp_path):
     assert resumed == expected
 
 
+def test_a_regular_change_scales_only_the_first_group_from_its_update():
+    """regular_change = (3, 0.25): the regular group (first, no rank) follows the schedule times 1 before update 3 and
+    times 0.25 from it; the projected group keeps the schedule; the state still round-trips."""
+    regular, projected = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([{"params": [regular], "lr": 0.4}, {"params": [projected], "rank": 1}], lr=0.1)
+    scheduler = build_scheduler(optimizer, "linear", 0, 10, 0.0, regular_change=(3, 0.25))
+    lrs = []
+    for _ in range(6):
+        lrs.append((optimizer.param_groups[0]["lr"], optimizer.param_groups[1]["lr"]))
+        optimizer.step()
+        scheduler.step()
+    for step, (first, second) in enumerate(lrs):
+        factor = lr_factor(step, "linear", 0, 10, 0.0)
+        assert second == pytest.approx(0.1 * factor)
+        assert first == pytest.approx(0.4 * factor * (0.25 if step >= 3 else 1.0))
+    again = build_scheduler(optimizer, "linear", 0, 10, 0.0, regular_change=(3, 0.25))
+    again.load_state_dict(scheduler.state_dict())
+    assert again.get_last_lr() == scheduler.get_last_lr()
+
+
+def test_a_regular_change_needs_a_regular_first_group():
+    optimizer = torch.optim.SGD([{"params": [nn.Parameter(torch.zeros(2))], "rank": 1}], lr=0.1)
+    with pytest.raises(ValueError, match="needs a regular group .* this optimizer's first group is projected"):
+        build_scheduler(optimizer, "cosine", 0, 10, 0.1, regular_change=(3, 0.25))
+
+
 # ----------------------------------------------------------------- model config
 def _config_file(tmp_path, content) -> Path:
     path = tmp_path / "model.json"

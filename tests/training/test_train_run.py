@@ -230,6 +230,30 @@ def test_the_summary_records_the_passes_over_the_training_text(run, tmp_path, ca
     assert 0 < passes[3] and passes[6] == pytest.approx(2 * passes[3])
 
 
+def test_the_regular_lr_changes_where_the_text_is_read_again(run, tmp_path, capsys):
+    """--regular_lr_ratio_on_repeat 1 after --regular_lr_ratio 4: the regular group runs at 4x --lr through the first
+    pass over the training text and at 1x from the update that begins the second (the summary's `passes` gives the
+    text's length); a run stopped before that update and resumed switches at the same one, bit for bit."""
+    flags = ["--optimizer", "plumage_adamw", "--batch_size", "16", "--num_training_steps", "70", "--lr", "1e-3",
+             "--regular_lr_ratio", "4", "--regular_lr_ratio_on_repeat", "1", "--scheduler", "constant",
+             "--save_every", "40"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run(straight, *flags) == 0
+    records = read_metrics(straight)
+    sequences = round(70 * 16 / records["summary"][0]["passes"])
+    first_repeat = sequences // 16  # updates 1..first_repeat read the text once; the next begins it again
+    assert 0 < first_repeat < 69
+    assert f"through update {first_repeat}, 1 x from update {first_repeat + 1}" in capsys.readouterr().out
+    assert [r["regular_lr"] for r in records["train"]] == pytest.approx([4e-3] * first_repeat +
+                                                                        [1e-3] * (70 - first_repeat))
+    assert all(r["lr"] == pytest.approx(1e-3) for r in records["train"])
+    assert run(resumed, *flags, "--stop_at", "40") == 0
+    assert run(resumed, *flags, "--continue_from", resumed) == 0
+    again = read_metrics(resumed)
+    assert [r["regular_lr"] for r in again["train"]] == [r["regular_lr"] for r in records["train"]]
+    assert [r["loss"] for r in again["train"]] == [r["loss"] for r in records["train"]]
+
+
 # ----------------------------------------------------------------- 5. bad input
 FINISHED_FLAGS = ["--optimizer", "plumage_adamw", "--batch_size", "2", "--num_training_steps", "2"]
 
