@@ -169,8 +169,12 @@ class Trainer:
             shard_model(self.model)
         self.optimizer = make_optimizer(config, self.model)
         self.inner = inner_optimizer(self.optimizer)  # per-layer mode: the scheduler drives the wrapped optimizer
+        self.regular_change = self._regular_change()
         self.scheduler = build_scheduler(self.inner, config.scheduler, config.warmup_steps, config.num_training_steps,
-                                         config.min_lr_ratio, self.regular_change())
+                                         config.min_lr_ratio, self.regular_change)
+        # the regular group's own lr is logged beside --lr's where it has one (built first, the only group without rank)
+        self.logs_regular_lr = (config.regular_lr is not None or self.regular_change is not None) \
+            and "rank" not in self.inner.param_groups[0]
         self.index_names = _names_by_group_index(self.inner, self.model)
         if self.main:
             claim_save_dir(config)
@@ -185,7 +189,7 @@ class Trainer:
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.progress = Progress(config.num_training_steps, self.update_step, enabled=self.main and config.progress)
 
-    def regular_change(self) -> tuple[int, float] | None:
+    def _regular_change(self) -> tuple[int, float] | None:
         """(update, times): --regular_lr_ratio_on_repeat's change of the regular group's lr, from the update that
         begins the training text's second pass; None without it. (On the plays read 1.9 times, 4x then 1x lowered
         plumage_adafactor's training loss and raised its eval loss; docs/results.md §3, session 87.)"""
@@ -226,7 +230,7 @@ class Trainer:
         print(f"optimizer {config.optimizer}: " + describe_routing(self.optimizer.routing, config.rank))
         print(f"{config.num_training_steps} updates of {config.total_batch_size} x {config.max_length} tokens "
               f"(batch {config.batch_size} x accumulation {config.gradient_accumulation} x world {context.world_size})")
-        change = self.regular_change()
+        change = self.regular_change
         if change is not None:
             before = (config.regular_lr or config.lr) / config.lr if config.lr > 0 else 1.0
             print(f"the regular group's lr: {before:g} x --lr's through update {change[0]}, "
@@ -269,9 +273,8 @@ class Trainer:
             # the norm before clipping, logged: how often the clip binds. FSDP2's is a replicated DTensor
             extra["grad_norm"] = (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
         lr = self.inner.param_groups[-1]["lr"]  # --lr's group: the low-rank one is built last (--regular_lr: the first)
-        if (config.regular_lr is not None or config.regular_lr_ratio_on_repeat is not None) \
-                and "rank" not in self.inner.param_groups[0]:
-            extra["regular_lr"] = self.inner.param_groups[0]["lr"]  # its own lr, logged beside --lr's
+        if self.logs_regular_lr:
+            extra["regular_lr"] = self.inner.param_groups[0]["lr"]
         self.optimizer.step()
         step_scheduler(self.scheduler)
         self.optimizer.zero_grad(set_to_none=True)
