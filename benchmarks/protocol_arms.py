@@ -421,6 +421,19 @@ ARMS: dict[str, tuple[str, list[str], tuple[float, ...]]] = {
                                      (0.07, 0.05, 0.1)),
     "galore_sgdm_recipe_aligned": ("galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25", "--align_signs"],
                                    (0.07, 0.05)),
+    # ... with a longer lr warm-up than the protocol's 10 % (session 88): the clip at 3 binds only over the first ~100
+    # updates at 0.2 (the norm 2-13 there, 1.0-1.4 after), so is what it gives a warm-up that a schedule can give
+    # without a threshold that depends on the model's gradient norm?
+    # And with it, do the draws or the regular group at 2x (both spiked at the warm-up's end in session 45) pay?
+    **{f"{label}_warmup{round(100 * fraction)}": (optimizer, [*flags, WARMUP_FRACTION, str(fraction)], (0.1, 0.2, 0.4))
+       for fraction in (0.3, 0.5)
+       for label, optimizer, flags in (
+           ("galore_sgdm_recipe", "galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25"]),
+           ("galore_sgdm_recipe_ratio2", "galore_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25",
+                                                         "--regular_lr_ratio", "2"]),
+           ("plumage_sgdm_draws_recipe", "plumage_sgdm", ["--beta1", "0.9", "--galore_scale", "0.25", "--pool_bf16",
+                                                          "--regular_lr_ratio", "1", *ADAFACTOR_DRAWS]),
+           ("plumage_sgdm_draws_recipe_ratio2", "plumage_sgdm", [*ADAFACTOR_DRAWS_RECIPE_RATIO2, *ADAFACTOR_DRAWS]))},
     # how far rank can take GaLore's recipe here: rank 256 is every direction of llama_tiny's matrices (Adam in the
     # rotated basis), so the gap to it bounds what a better rank-64 estimator can gain. Not an equal-cost arm.
     "galore_recipe_rank256": ("galore_adamw", ["--galore_scale", "0.25", "--rank", "256"], (5e-3,)),

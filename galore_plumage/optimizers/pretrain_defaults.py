@@ -32,6 +32,25 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
     return PRETRAIN_REGULAR_LR_RATIO.get((spec.family, spec.backend), 1.0)
 
 
+# The global gradient norm torchrun_main.py clips at when pretraining a name and --grad_clipping is not given (0: off,
+# galore-torch's script): plumage_sgdm's 1, the norm nearly every LLM recipe clips at. SGD does not normalize its step,
+# and over the first ~100 updates the norm here is 2-13 (0.6-1.4 after), so at the lr the rest of the run wants the
+# first steps are too long. On the protocol (llama_tiny, the plays, 8 x 64 tokens, 600 updates) GaLore's recipe is at
+# its best at 0.07 unclipped; clipped at 1 both GaLore's basis and the draws are at their best at 0.8 (bracketed), where
+# the draws lead GaLore's recipe by 0.40 and GaLore clipped alike by 0.036 (three seeds each, every seed; docs/results.md
+# §3, session 88). Per-layer names have no global norm (optimizers/layerwise.py), and a preset keeps what it was
+# measured with: off.
+PRETRAIN_GRAD_CLIPPING: dict[tuple[str, str], float] = {("plumage", "sgdm"): 1.0}
+
+
+def recommended_grad_clipping(spec: OptimizerSpec, preset: str | None = None) -> float:
+    """The global gradient norm torchrun_main.py clips a name's gradients at (under `preset`) when --grad_clipping is
+    not given: PRETRAIN_GRAD_CLIPPING's, else 0 (off); off in per-layer mode and under a preset."""
+    if preset is not None or spec.per_layer:
+        return 0.0
+    return PRETRAIN_GRAD_CLIPPING.get((spec.family, spec.backend), 0.0)
+
+
 # The peak lr torchrun_main.py pretrains a name with where --lr is not given, as (from this many tokens an update up,
 # lr), while the floor in effect is m2 with its own ~1000-update warm-up (no v_floor_horizon given or derived); else
 # the name's recommended_lr. The warm-up damps each sign-steady coordinate's step, and from 2,048 tokens an update

@@ -26,9 +26,11 @@ from ..optimizers import (
 )
 from ..optimizers.options import BY_KEY, OPTIONS
 from ..optimizers.pretrain_defaults import (
+    PRETRAIN_GRAD_CLIPPING,
     PRETRAIN_LONG_RUN_LR,
     PRETRAIN_LR,
     PRETRAIN_REGULAR_LR_RATIO,
+    recommended_grad_clipping,
     recommended_pretrain_lr,
     recommended_regular_lr_ratio,
     recommended_residual,
@@ -89,6 +91,11 @@ def _plumage_scales() -> str:
 def _regular_lr_ratios() -> str:
     named = [f"{family}_{backend}: {ratio:g}" for (family, backend), ratio in PRETRAIN_REGULAR_LR_RATIO.items()]
     return " (" + ", ".join(named) + "; 1, one lr on every group as GaLore, otherwise and under --preset)"
+
+
+def _grad_clippings() -> str:
+    named = [f"{family}_{backend}: {norm:g}" for (family, backend), norm in PRETRAIN_GRAD_CLIPPING.items()]
+    return " (" + ", ".join(named) + "; 0 otherwise, in per-layer mode and under --preset)"
 
 
 def flag(default, help: str, **argparse_options):
@@ -152,7 +159,8 @@ class TrainConfig:
                                                    "memory, not streamed); default: as before it")
     weight_decay: float = flag(0.0, "decoupled weight decay")
     beta1: float = flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
-    grad_clipping: float = flag(0.0, "clip the global gradient norm to this (0 = off; refused by *_per_layer)")
+    grad_clipping: float = flag(None, "clip the global gradient norm to this (0 = off; refused by *_per_layer); "
+                                      "default: the optimizer's" + _grad_clippings() + " (docs/results.md §3, session 88)")
     scheduler: str = flag("cosine", "learning-rate schedule after the linear warmup", choices=SCHEDULERS)
     min_lr_ratio: float = flag(0.1, "final learning rate as a fraction of --lr (cosine and linear)")
     warmup_steps: int = flag(1_000, "linear warmup updates")
@@ -267,6 +275,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         c.eval_tokens = LOCAL_EVAL_TOKENS if c.dataset == BUNDLED or is_local_file(c.dataset) else STREAMED_EVAL_TOKENS
     _check_numbers(c)
     _check_combinations(c, world_size)
+    _derive_grad_clipping(c)
     _derive_batch(c, world_size)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
@@ -351,6 +360,13 @@ def _derive_lr(c: TrainConfig) -> None:
     if c.lr is None:
         c.lr = recommended_pretrain_lr(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset,
                                        num_updates=c.num_training_steps)
+
+
+def _derive_grad_clipping(c: TrainConfig) -> None:
+    """The global gradient norm the optimizer pretrains with (optimizers.PRETRAIN_GRAD_CLIPPING), unless
+    --grad_clipping was given."""
+    if c.grad_clipping is None:
+        c.grad_clipping = recommended_grad_clipping(optimizer_spec(c.optimizer), c.preset)
 
 
 def _derive_regular_lr(c: TrainConfig) -> None:
@@ -462,12 +478,15 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
         if saved[key] != current[key]:
             name = "processes (WORLD_SIZE)" if key == "world_size" else key if key in derived else f"--{key}"
             # a run before session 33 had one lr where plumage_adamw's default now sets the regular group's; one of
-            # plumage_adafactor's before session 81 set it at 2x where the default is now 4x
+            # plumage_adafactor's before session 81 set it at 2x where the default is now 4x; one of plumage_sgdm's
+            # before session 88 was not clipped
             hint = ""
             if key == "regular_lr" and saved[key] is None:
                 hint = "; one lr on every group: --regular_lr_ratio 1"
             elif key == "regular_lr" and _ratio(saved) not in (None, _ratio(current)):
                 hint = f"; as it ran: --regular_lr_ratio {_ratio(saved):g}"
+            elif key == "grad_clipping":
+                hint = f"; as it ran: --grad_clipping {saved[key]:g}"
             conflicts.append(f"{name} {current[key]} (the checkpoint: {saved[key]}{hint})")
     saved_options, options = saved.get("low_rank", {}), current["low_rank"]
     # an option one side leaves out has the optimizer's own default there (its family's; a preset's are not looked up)

@@ -6,6 +6,7 @@ so a renamed flag, a lost choice or a changed default is caught before a run spe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -16,7 +17,7 @@ import galore_plumage
 from galore_plumage.optimizers import RULES
 from galore_plumage.projectors import list_projectors
 from galore_plumage.projectors.modes import PROJ_TYPES
-from galore_plumage.training.config import TrainConfig, build_parser, parse_config, parse_token_count
+from galore_plumage.training.config import TrainConfig, build_parser, parse_config, parse_token_count, resume_conflicts
 from galore_plumage.training.loop import optimizer_options
 
 # flag -> (argv, field, expected value): one run of each GaLore flag and each of ours with a non-default value
@@ -293,6 +294,30 @@ def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr)
     config = parse_config([*SHORT_RUN, *argv])
     assert config.lr == pytest.approx(lr)
     assert config.regular_lr == (None if regular_lr is None else pytest.approx(regular_lr))
+
+
+@pytest.mark.parametrize("argv, norm", [
+    (["--optimizer", "plumage_sgdm", "--lr", "0.8"], 1.0),  # SGD's first steps are too long at the lr it wants after
+    (["--optimizer", "plumage_sgdm", "--lr", "0.8", "--grad_clipping", "0"], 0.0),  # a given norm wins, 0 too
+    (["--optimizer", "plumage_sgdm", "--lr", "0.8", "--grad_clipping", "3"], 3.0),
+    (["--optimizer", "plumage_sgdm_per_layer", "--lr", "0.8"], 0.0),  # no global norm in per-layer mode
+    (["--optimizer", "plumage_sgdm", "--lr", "0.05", "--preset", "paper"], 0.0),  # as the preset was measured
+    (["--optimizer", "galore_sgdm", "--lr", "0.07"], 0.0),  # galore-torch's script: off
+    (["--optimizer", "plumage_adamw"], 0.0),  # Adam normalizes its step: off, as measured
+])
+def test_grad_clipping_defaults_to_the_optimizers_pretraining_norm(argv, norm):
+    """optimizers.PRETRAIN_GRAD_CLIPPING: plumage_sgdm pretrains with the global gradient norm clipped at 1 unless
+    --grad_clipping is given; every other name, per-layer mode and a preset unclipped (session 88)."""
+    assert parse_config([*SHORT_RUN, *argv]).grad_clipping == norm
+
+
+def test_a_resume_that_would_change_the_clip_names_the_norm_it_ran_with():
+    """A plumage_sgdm checkpoint written unclipped (before session 88) resumes only as it ran: the conflict names the
+    flag that restores it."""
+    saved = dataclasses.asdict(parse_config([*SHORT_RUN, "--optimizer", "plumage_sgdm", "--lr", "0.07",
+                                             "--grad_clipping", "0"]))
+    conflicts = resume_conflicts(saved, parse_config([*SHORT_RUN, "--optimizer", "plumage_sgdm", "--lr", "0.07"]))
+    assert conflicts == ["--grad_clipping 1.0 (the checkpoint: 0.0; as it ran: --grad_clipping 0)"]
 
 
 @pytest.mark.parametrize("argv, lr", [
