@@ -303,7 +303,7 @@ def test_regular_lr_defaults_to_the_optimizers_ratio_of_lr(argv, lr, regular_lr)
     (["--optimizer", "plumage_sgdm_per_layer", "--lr", "0.8"], 0.0),  # no global norm in per-layer mode
     (["--optimizer", "plumage_sgdm", "--lr", "0.05", "--preset", "paper"], 0.0),  # as the preset was measured
     (["--optimizer", "galore_sgdm", "--lr", "0.07"], 0.0),  # galore-torch's script: off
-    (["--optimizer", "plumage_adamw"], 0.0),  # Adam normalizes its step: off, as measured
+    (["--optimizer", "plumage_adamw"], 0.0),  # Adam normalizes its step; unclipped, as galore-torch's script
 ])
 def test_grad_clipping_defaults_to_the_optimizers_pretraining_norm(argv, norm):
     """optimizers.PRETRAIN_GRAD_CLIPPING: plumage_sgdm pretrains with the global gradient norm clipped at 1 unless
