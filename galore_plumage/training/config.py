@@ -71,14 +71,18 @@ RESUME_MAY_CHANGE = frozenset({"save_dir", "continue_from", "overwrite", "stop_a
 BATCH_LAYOUT = frozenset({"world_size", "batch_size", "gradient_accumulation"})
 
 
+def _per_name(table: dict[tuple[str, str], float]) -> str:
+    """'plumage_adamw: 2, plumage_adafactor: 4' from a (family, backend) -> value table, for a flag's help."""
+    return ", ".join(f"{family}_{backend}: {value:g}" for (family, backend), value in table.items())
+
+
 def _recommended_lrs() -> str:
-    named = [f"{family}_{backend}: {lr:g}" for (family, backend), lr in RECOMMENDED_LR.items()]
     banded = [f"{family}_{backend} {lr:g} from {tokens} tokens an update while the floor is m2 with its own warm-up"
               for (family, backend), (tokens, lr) in PRETRAIN_LR.items()]
     banded += [f"{family}_{backend} x{factor:g} from {updates} updates while the floor is m2 with its own warm-up, "
                "or none where the run pretrains as a large batch for its length"
                for (family, backend), (updates, factor) in PRETRAIN_LONG_RUN_LR.items()]
-    listed = (": " + ", ".join(named) + f"; {DEFAULT_LR:g} otherwise") if named else f": {DEFAULT_LR:g}"
+    listed = (": " + _per_name(RECOMMENDED_LR) + f"; {DEFAULT_LR:g} otherwise") if RECOMMENDED_LR else f": {DEFAULT_LR:g}"
     return listed + (" (pretraining: " + ", ".join(banded) + "; optimizers.PRETRAIN_LR, PRETRAIN_LONG_RUN_LR)"
                      if banded else "")
 
@@ -89,13 +93,11 @@ def _plumage_scales() -> str:
 
 
 def _regular_lr_ratios() -> str:
-    named = [f"{family}_{backend}: {ratio:g}" for (family, backend), ratio in PRETRAIN_REGULAR_LR_RATIO.items()]
-    return " (" + ", ".join(named) + "; 1, one lr on every group as GaLore, otherwise and under --preset)"
+    return " (" + _per_name(PRETRAIN_REGULAR_LR_RATIO) + "; 1, one lr on every group as GaLore, otherwise and under --preset)"
 
 
 def _grad_clippings() -> str:
-    named = [f"{family}_{backend}: {norm:g}" for (family, backend), norm in PRETRAIN_GRAD_CLIPPING.items()]
-    return " (" + ", ".join(named) + "; 0 otherwise, in per-layer mode and under --preset)"
+    return " (" + _per_name(PRETRAIN_GRAD_CLIPPING) + "; 0 otherwise, in per-layer mode and under --preset)"
 
 
 def flag(default, help: str, **argparse_options):
