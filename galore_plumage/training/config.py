@@ -236,9 +236,15 @@ def add_option_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     """One --flag per option of optimizers/options.py; not given means the optimizer's own default."""
     group = parser.add_argument_group("low-rank options", "not given: the optimizer's default, named in each help")
     for option in OPTIONS:
-        group.add_argument(f"--{option.key}", default=NOT_GIVEN, help=option.flag_help(PLUMAGE_OPTION_DEFAULTS),
-                           **option.argparse_options())
+        group.add_argument(f"--{option.key}", default=NOT_GIVEN,
+                           help=_literal_help(option.flag_help(PLUMAGE_OPTION_DEFAULTS)), **option.argparse_options())
     return parser
+
+
+def _literal_help(text: str) -> str:
+    """A help text as argparse prints it verbatim: argparse %-formats every help (for %(default)s, which none of ours
+    uses), so a bare "%" (e.g. "3-6 % slower", read as the specifier "% s") would print the action's dict instead."""
+    return text.replace("%", "%%")
 
 
 def split_options(arguments: dict) -> tuple[dict, dict]:
@@ -259,6 +265,8 @@ def add_flags(parser: argparse.ArgumentParser, config_class) -> argparse.Argumen
             meta["action"] = "store_true"
         elif "action" not in meta and "type" not in meta:
             meta["type"] = {"int": int, "float": float, "str": str}[spec.type]
+        if "help" in meta:
+            meta["help"] = _literal_help(meta["help"])
         parser.add_argument(f"--{spec.name}", default=spec.default, **meta)
     return parser
 
