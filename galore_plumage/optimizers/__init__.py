@@ -21,6 +21,8 @@ from .options import BY_KEY, OPTIONS, check_options
 from .presets import PLUMAGE_PAPER, PLUMAGE_SAMPLED, PRESET_FLAG_HELP, PRESETS, fitting_preset
 from .pretrain_defaults import (
     FIRA_COMPLEMENT,
+    PRETRAIN_BETA1,
+    PRETRAIN_CLIPPED_LR,
     PRETRAIN_COMPLEMENT,
     PRETRAIN_GRAD_CLIPPING,
     PRETRAIN_LONG_RUN_LARGE_BATCH,
@@ -31,6 +33,7 @@ from .pretrain_defaults import (
     PRETRAIN_SAMPLE_UNTIL,
     PRETRAIN_V_FLOOR_HORIZON,
     pretrains_as_large_batch,
+    recommended_beta1,
     recommended_grad_clipping,
     recommended_pretrain_lr,
     recommended_regular_lr_ratio,
@@ -201,6 +204,8 @@ __all__ = [
     "PRESET_FLAG_HELP",
     "PRETRAIN_REGULAR_LR_RATIO",
     "PRETRAIN_SAMPLE_UNTIL",
+    "PRETRAIN_BETA1",
+    "PRETRAIN_CLIPPED_LR",
     "PRETRAIN_COMPLEMENT",
     "PRETRAIN_GRAD_CLIPPING",
     "PRETRAIN_LONG_RUN_LARGE_BATCH",
@@ -229,6 +234,7 @@ __all__ = [
     "check_optimizer_options",
     "check_regular_lr",
     "check_regular_lr_ratio",
+    "recommended_beta1",
     "recommended_grad_clipping",
     "recommended_lr",
     "recommended_pretrain_lr",

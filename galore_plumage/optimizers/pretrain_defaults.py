@@ -52,6 +52,20 @@ def recommended_grad_clipping(spec: OptimizerSpec, preset: str | None = None) ->
     return PRETRAIN_GRAD_CLIPPING.get((spec.family, spec.backend), 0.0)
 
 
+# Adafactor's β1 and SGD's momentum when torchrun_main.py pretrains a name and --beta1 is not given: 0.9 for
+# plumage_adafactor and plumage_sgdm, the β1 every measurement of theirs ran with (GaLore's recipes alike: GaLore ran
+# Adafactor with a first moment, docs/results.md §3, sessions 42 and 45), per-layer and under a preset too; 0 for every
+# other name, as galore-torch's script (Adafactor without a first moment, SGD without momentum). Until session 89 every
+# name took the script's 0, so `--optimizer plumage_sgdm` ran plain SGD, which no measurement here had run.
+PRETRAIN_BETA1: dict[tuple[str, str], float] = {("plumage", "adafactor"): 0.9, ("plumage", "sgdm"): 0.9}
+
+
+def recommended_beta1(spec: OptimizerSpec) -> float:
+    """Adafactor's β1 / SGD's momentum torchrun_main.py gives a name when --beta1 is not given: PRETRAIN_BETA1's,
+    else 0 (galore-torch's script)."""
+    return PRETRAIN_BETA1.get((spec.family, spec.backend), 0.0)
+
+
 # The peak lr torchrun_main.py pretrains a name with where --lr is not given, as (from this many tokens an update up,
 # lr), while the floor in effect is m2 with its own ~1000-update warm-up (no v_floor_horizon given or derived); else
 # the name's recommended_lr. The warm-up damps each sign-steady coordinate's step, and from 2,048 tokens an update
@@ -62,6 +76,14 @@ def recommended_grad_clipping(spec: OptimizerSpec, preset: str | None = None) ->
 # plumage_adamw8bit has no entry: its 200-update warm-up (PRETRAIN_V_FLOOR_HORIZON) at 1.4e-2 is level with the
 # library's 1e-2 over the two models (+0.011 on llama_35m's shape, -0.007 on llama_tiny, three seeds each; sessions 60-61).
 PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (2048, 2e-2)}
+
+
+# The peak lr torchrun_main.py pretrains a name with where --lr is not given and the global gradient norm is clipped
+# (--grad_clipping, given or PRETRAIN_GRAD_CLIPPING's), as (at this norm or below, lr); not under a preset. A clipped
+# step is bounded, and SGD momentum takes an lr ~10x the unclipped one: plumage_sgdm clipped at 1 (momentum 0.9) at
+# its best at 0.8, bracketed by 0.56 and 1.12, on llama_tiny at 8 x 64 tokens (600 updates) and at 8 x 256 (300
+# updates), where unclipped 0.07 is its best (its recommended_lr; docs/results.md §3, sessions 46, 88-89).
+PRETRAIN_CLIPPED_LR: dict[tuple[str, str], tuple[float, float]] = {("plumage", "sgdm"): (1.0, 0.8)}
 
 
 # A long run's share of that lr, as (from this many updates (--num_training_steps) up, factor): where the floor in
@@ -102,13 +124,18 @@ def _floor_in_effect(spec: OptimizerSpec, options: dict) -> str:
 
 
 def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_update: int,
-                            preset: str | None = None, num_updates: int | None = None) -> float:
+                            preset: str | None = None, num_updates: int | None = None,
+                            grad_clipping: float = 0.0) -> float:
     """The lr torchrun_main.py gives a name (under `preset`, with the low-rank `options` in effect, the derived
     v_floor included) at `tokens_per_update` for a run of `num_updates` when --lr is not given: PRETRAIN_LR's from its
     threshold up where the floor is m2 with its own warm-up, else recommended_lr (a preset keeps the lr it was measured
     with); times PRETRAIN_LONG_RUN_LR's factor from its number of updates up where m2's own warm-up is in effect, or
     no floor in a run that pretrains as a large batch for its length only (num_updates None: the run's length
-    unknown, no factor)."""
+    unknown, no factor); PRETRAIN_CLIPPED_LR's where the run clips the global norm (`grad_clipping` > 0) at its norm
+    or below."""
+    clipped_at, clipped_lr = PRETRAIN_CLIPPED_LR.get((spec.family, spec.backend), (None, None))
+    if preset is None and clipped_at is not None and 0 < grad_clipping <= clipped_at:
+        return clipped_lr
     floor = None if preset is not None else _floor_in_effect(spec, options)
     m2_own_warm_up = floor == "m2" and options.get("v_floor_horizon") is None
     threshold, lr = PRETRAIN_LR.get((spec.family, spec.backend), (None, None))

@@ -56,7 +56,9 @@ class PlumageSGDM(LowRankOptimizer):
     Adam's is). On the fair protocol under SGD momentum, five seeds at each of lr 0.05 and 0.07, that estimator trailed
     GaLore's recipe by 0.18 and 0.38 with 26x and 13x its seed spread (two seeds in five 0.25-1.2 nats behind), where
     the draws were level with it (-0.011 and -0.033, |t| <= 1.0) at 2-3x its spread (docs/results.md §3, session 46).
-    Neither beats GaLore under SGD there; the paper's estimator is `preset="paper"` (PLUMAGE_PAPER)."""
+    Neither beats GaLore under SGD there; the paper's estimator is `preset="paper"` (PLUMAGE_PAPER). Its lr, 0.07, is
+    the draws' best there unclipped (0.040 ahead of 0.05 over five seeds; 0.1 spiked on two of three, session 45);
+    clipped at 1, as torchrun_main.py pretrains it since session 88, it takes 0.8 (optimizers.PRETRAIN_CLIPPED_LR)."""
 
     backend = SGDMomentumBackend()
-    class_defaults = {**PLUMAGE_DEFAULTS, "scale": 0.25}
+    class_defaults = {**PLUMAGE_DEFAULTS, "scale": 0.25, "lr": 0.07}

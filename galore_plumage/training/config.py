@@ -26,10 +26,13 @@ from ..optimizers import (
 )
 from ..optimizers.options import BY_KEY, OPTIONS
 from ..optimizers.pretrain_defaults import (
+    PRETRAIN_BETA1,
+    PRETRAIN_CLIPPED_LR,
     PRETRAIN_GRAD_CLIPPING,
     PRETRAIN_LONG_RUN_LR,
     PRETRAIN_LR,
     PRETRAIN_REGULAR_LR_RATIO,
+    recommended_beta1,
     recommended_grad_clipping,
     recommended_pretrain_lr,
     recommended_regular_lr_ratio,
@@ -82,9 +85,11 @@ def _recommended_lrs() -> str:
     banded += [f"{family}_{backend} x{factor:g} from {updates} updates while the floor is m2 with its own warm-up, "
                "or none where the run pretrains as a large batch for its length"
                for (family, backend), (updates, factor) in PRETRAIN_LONG_RUN_LR.items()]
+    banded += [f"{family}_{backend} {lr:g} where --grad_clipping is at most {norm:g}"
+               for (family, backend), (norm, lr) in PRETRAIN_CLIPPED_LR.items()]
     listed = (": " + _per_name(RECOMMENDED_LR) + f"; {DEFAULT_LR:g} otherwise") if RECOMMENDED_LR else f": {DEFAULT_LR:g}"
-    return listed + (" (pretraining: " + ", ".join(banded) + "; optimizers.PRETRAIN_LR, PRETRAIN_LONG_RUN_LR)"
-                     if banded else "")
+    tables = "optimizers.PRETRAIN_LR, PRETRAIN_LONG_RUN_LR, PRETRAIN_CLIPPED_LR"
+    return listed + (" (pretraining: " + ", ".join(banded) + "; " + tables + ")" if banded else "")
 
 
 def _plumage_scales() -> str:
@@ -98,6 +103,10 @@ def _regular_lr_ratios() -> str:
 
 def _grad_clippings() -> str:
     return " (" + _per_name(PRETRAIN_GRAD_CLIPPING) + "; 0 otherwise, in per-layer mode and under --preset)"
+
+
+def _beta1s() -> str:
+    return " (" + _per_name(PRETRAIN_BETA1) + "; 0 otherwise, as galore-torch's script; optimizers.PRETRAIN_BETA1)"
 
 
 def flag(default, help: str, **argparse_options):
@@ -160,7 +169,8 @@ class TrainConfig:
                                                    "that begins reading the training text a second time (text held in "
                                                    "memory, not streamed); default: as before it")
     weight_decay: float = flag(0.0, "decoupled weight decay")
-    beta1: float = flag(0.0, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore")
+    beta1: float = flag(None, "Adafactor's beta1 (0 = no first moment) and SGD's momentum, as in GaLore; default: the "
+                              "optimizer's" + _beta1s())
     grad_clipping: float = flag(None, "clip the global gradient norm to this (0 = off; refused by *_per_layer); "
                                       "default: the optimizer's" + _grad_clippings() + " (docs/results.md §3, session 88)")
     scheduler: str = flag("cosine", "learning-rate schedule after the linear warmup", choices=SCHEDULERS)
@@ -286,6 +296,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     _check_numbers(c)
     _check_combinations(c, world_size)
     _derive_grad_clipping(c)
+    _derive_beta1(c)
     _derive_batch(c, world_size)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
@@ -325,7 +336,7 @@ def _check_numbers(c: TrainConfig) -> None:
             raise ValueError(f"--{name} must be >= 0, got {getattr(c, name)}")
     if not 0.0 <= c.min_lr_ratio <= 1.0:
         raise ValueError(f"--min_lr_ratio must be in [0, 1], got {c.min_lr_ratio}")
-    if not 0.0 <= c.beta1 < 1.0:
+    if c.beta1 is not None and not 0.0 <= c.beta1 < 1.0:
         raise ValueError(f"--beta1 must be in [0, 1), got {c.beta1}")
 
 
@@ -365,11 +376,12 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
 
 
 def _derive_lr(c: TrainConfig) -> None:
-    """The lr the optimizer pretrains with at this many tokens an update, the floor in effect and the run's length
-    (optimizers.PRETRAIN_LR, else its recommended lr; optimizers.PRETRAIN_LONG_RUN_LR), unless --lr was given."""
+    """The lr the optimizer pretrains with at this many tokens an update, the floor in effect, the run's length and
+    the clip (optimizers.PRETRAIN_LR, else its recommended lr; PRETRAIN_LONG_RUN_LR; PRETRAIN_CLIPPED_LR), unless --lr
+    was given."""
     if c.lr is None:
         c.lr = recommended_pretrain_lr(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset,
-                                       num_updates=c.num_training_steps)
+                                       num_updates=c.num_training_steps, grad_clipping=c.grad_clipping)
 
 
 def _derive_grad_clipping(c: TrainConfig) -> None:
@@ -377,6 +389,13 @@ def _derive_grad_clipping(c: TrainConfig) -> None:
     --grad_clipping was given."""
     if c.grad_clipping is None:
         c.grad_clipping = recommended_grad_clipping(optimizer_spec(c.optimizer), c.preset)
+
+
+def _derive_beta1(c: TrainConfig) -> None:
+    """Adafactor's β1 / SGD's momentum the optimizer pretrains with (optimizers.PRETRAIN_BETA1), unless --beta1 was
+    given."""
+    if c.beta1 is None:
+        c.beta1 = recommended_beta1(optimizer_spec(c.optimizer))
 
 
 def _derive_regular_lr(c: TrainConfig) -> None:
@@ -489,14 +508,14 @@ def resume_conflicts(saved: dict, config, may_change: frozenset[str] = RESUME_MA
             name = "processes (WORLD_SIZE)" if key == "world_size" else key if key in derived else f"--{key}"
             # a run before session 33 had one lr where plumage_adamw's default now sets the regular group's; one of
             # plumage_adafactor's before session 81 set it at 2x where the default is now 4x; one of plumage_sgdm's
-            # before session 88 was not clipped
+            # before session 88 was not clipped, and before session 89 ran with the script's β1 0 and lr 1e-3
             hint = ""
             if key == "regular_lr" and saved[key] is None:
                 hint = "; one lr on every group: --regular_lr_ratio 1"
             elif key == "regular_lr" and _ratio(saved) not in (None, _ratio(current)):
                 hint = f"; as it ran: --regular_lr_ratio {_ratio(saved):g}"
-            elif key == "grad_clipping":
-                hint = f"; as it ran: --grad_clipping {saved[key]:g}"
+            elif key in ("grad_clipping", "beta1"):  # derived per name since sessions 88-89 where not given
+                hint = f"; as it ran: --{key} {saved[key]:g}"
             conflicts.append(f"{name} {current[key]} (the checkpoint: {saved[key]}{hint})")
     saved_options, options = saved.get("low_rank", {}), current["low_rank"]
     # an option one side leaves out has the optimizer's own default there (its family's; a preset's are not looked up)

@@ -320,6 +320,52 @@ def test_a_resume_that_would_change_the_clip_names_the_norm_it_ran_with():
     assert conflicts == ["--grad_clipping 1.0 (the checkpoint: 0.0; as it ran: --grad_clipping 0)"]
 
 
+@pytest.mark.parametrize("argv, beta1", [
+    (["--optimizer", "plumage_sgdm"], 0.9),  # the momentum every SGD measurement here ran with
+    (["--optimizer", "plumage_adafactor"], 0.9),  # Adafactor's first moment, as GaLore's and ours were measured
+    (["--optimizer", "plumage_sgdm_per_layer"], 0.9),
+    (["--optimizer", "plumage_sgdm", "--preset", "paper"], 0.9),  # the paper's estimator was measured at 0.9 too
+    (["--optimizer", "plumage_sgdm", "--beta1", "0"], 0.0),  # a given value wins, 0 too
+    (["--optimizer", "galore_sgdm"], 0.0),  # galore-torch's script: SGD without momentum ...
+    (["--optimizer", "galore_adafactor"], 0.0),  # ... and Adafactor without a first moment
+    (["--optimizer", "sgd"], 0.0),
+    (["--optimizer", "plumage_adamw"], 0.0),  # Adam's betas are its own; the flag is unused there
+])
+def test_beta1_defaults_to_the_optimizers_pretraining_momentum(argv, beta1):
+    """optimizers.PRETRAIN_BETA1: plumage_sgdm and plumage_adafactor pretrain with β1 0.9 unless --beta1 is given;
+    every other name with galore-torch's script's 0 (session 89: until then plumage_sgdm ran plain SGD)."""
+    assert parse_config([*SHORT_RUN, *argv]).beta1 == beta1
+
+
+@pytest.mark.parametrize("name, key", [("plumage_sgdm", "momentum"), ("plumage_adafactor", "beta1")])
+def test_the_default_beta1_reaches_the_optimizer(name, key):
+    assert optimizer_options(parse_config([*SHORT_RUN, "--optimizer", name]))[key] == 0.9
+
+
+@pytest.mark.parametrize("argv, lr", [
+    (["--optimizer", "plumage_sgdm"], 0.8),  # clipped at 1 by default: the clipped lr (sessions 88-89)
+    (["--optimizer", "plumage_sgdm", "--grad_clipping", "0.5"], 0.8),  # a tighter clip bounds the step more
+    (["--optimizer", "plumage_sgdm", "--grad_clipping", "0"], 0.07),  # unclipped: the class's lr (sessions 45-46)
+    (["--optimizer", "plumage_sgdm", "--grad_clipping", "3"], 0.07),  # a looser clip binds on the first steps only
+    (["--optimizer", "plumage_sgdm_per_layer"], 0.07),  # no global norm, no clip
+    (["--optimizer", "plumage_sgdm", "--lr", "0.4"], 0.4),  # a given lr wins
+    (["--optimizer", "plumage_sgdm", "--preset", "paper", "--grad_clipping", "1"], 1e-3),  # the preset's own lr
+    (["--optimizer", "galore_sgdm", "--grad_clipping", "1"], 1e-3),  # no clipped lr for GaLore's name
+])
+def test_a_clipped_sgd_run_defaults_to_the_clipped_lr(argv, lr):
+    """optimizers.PRETRAIN_CLIPPED_LR: where plumage_sgdm clips the global norm at 1 or below and --lr is not given,
+    it pretrains at 0.8 (its bracketed best clipped); unclipped at its recommended lr."""
+    assert parse_config([*SHORT_RUN, *argv]).lr == pytest.approx(lr)
+
+
+def test_a_resume_of_a_plain_sgd_run_names_the_momentum_it_ran_with():
+    """A plumage_sgdm checkpoint written with the script's β1 0 (before session 89) resumes only as it ran: the conflict
+    names the flag that restores it, and the lr it ran at."""
+    saved = dataclasses.asdict(parse_config([*SHORT_RUN, "--optimizer", "plumage_sgdm", "--beta1", "0", "--lr", "1e-3"]))
+    conflicts = resume_conflicts(saved, parse_config([*SHORT_RUN, "--optimizer", "plumage_sgdm"]))
+    assert conflicts == ["--beta1 0.9 (the checkpoint: 0.0; as it ran: --beta1 0)", "--lr 0.8 (the checkpoint: 0.001)"]
+
+
 @pytest.mark.parametrize("argv, lr", [
     ([], 2e-2),  # 8 x 256 = 2048 tokens an update, m2's own warm-up: twice the library's lr (session 56)
     (["--optimizer", "plumage_adamw_per_layer"], 2e-2),
