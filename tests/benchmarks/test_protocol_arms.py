@@ -1,6 +1,7 @@
 """The protocol's arms (benchmarks/protocol_arms.py) as torchrun_main.py reads them: every arm's command parses (a
-flag a backend refuses fails here, not an hour into a sweep), and the arms that measure plumage_adafactor's settings
-(its default since and until session 42, the top-r basis beside it) train as the bare name does with them."""
+flag a backend refuses fails here, not an hour into a sweep), the arms that measure plumage_adafactor's settings
+(its default since and until session 42, the top-r basis beside it) train as the bare name does with them, and the
+arm that measured plumage_sgdm's default is what the bare name pretrains with."""
 
 from __future__ import annotations
 
@@ -64,10 +65,21 @@ DRAWS = ["--projector", "plumage", "--realign", "mv", "--solver", "svd", "--resi
     # GaLore's top-r basis at the draws' scale and lrs, through the Gram
     ("galore_adafactor_recipe_gram_ratio2", ["--optimizer", "plumage_adafactor", "--beta1", "0.9", "--solver", "gram",
                                              "--regular_lr_ratio", "2"]),
+    # plumage_sgdm's default since session 46 (its momentum 0.9 the name's own since session 89)
+    ("plumage_sgdm_draws_recipe_clip1", ["--optimizer", "plumage_sgdm"]),
 ])
-def test_an_adafactor_arm_trains_as_the_setting_it_measures(label, bare):
+def test_an_arm_trains_as_the_setting_it_measures(label, bare):
     common = ["--lr", "1e-2", "--rank", "4", "--update_proj_gap", "2"]
     (arm_weights, arm_lrs), (bare_weights, bare_lrs) = _trained(_arm(label) + common), _trained(bare + common)
     assert arm_lrs == bare_lrs
     assert all(torch.equal(a, b) for a, b in zip(arm_weights, bare_weights, strict=True))
     assert not all(torch.equal(a, b) for a, b in zip(arm_weights, _model().parameters(), strict=True))
+
+
+def test_plumage_sgdm_pretrains_at_the_clip_and_lr_its_arm_was_best_at():
+    """Sessions 88-89: the bare name clips at 1 and takes lr 0.8, the arm's bracketed best clipped (the protocol gives
+    the arm its lr and clip by flag)."""
+    short = ["--num_training_steps", "600", "--warmup_steps", "60"]
+    bare = parse_config(["--optimizer", "plumage_sgdm", *short])
+    arm = parse_config([*_arm("plumage_sgdm_draws_recipe_clip1"), "--lr", "0.8", *short])
+    assert (bare.lr, bare.beta1, bare.grad_clipping) == (arm.lr, arm.beta1, arm.grad_clipping) == (0.8, 0.9, 1.0)
