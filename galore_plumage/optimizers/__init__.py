@@ -21,6 +21,7 @@ from .options import BY_KEY, OPTIONS, check_options
 from .presets import PLUMAGE_PAPER, PLUMAGE_SAMPLED, PRESET_FLAG_HELP, PRESETS, fitting_preset
 from .pretrain_defaults import (
     FIRA_COMPLEMENT,
+    PRETRAIN_BATCH_LR,
     PRETRAIN_BETA1,
     PRETRAIN_CLIPPED_LR,
     PRETRAIN_COMPLEMENT,
@@ -204,6 +205,7 @@ __all__ = [
     "PRESET_FLAG_HELP",
     "PRETRAIN_REGULAR_LR_RATIO",
     "PRETRAIN_SAMPLE_UNTIL",
+    "PRETRAIN_BATCH_LR",
     "PRETRAIN_BETA1",
     "PRETRAIN_CLIPPED_LR",
     "PRETRAIN_COMPLEMENT",

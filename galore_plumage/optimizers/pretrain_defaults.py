@@ -86,6 +86,19 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 PRETRAIN_CLIPPED_LR: dict[tuple[str, str], tuple[float, float]] = {("plumage", "sgdm"): (1.0, 0.8)}
 
 
+# The peak lr torchrun_main.py pretrains a name with where --lr is not given and no table above gives one, as
+# ((from this many tokens an update up, lr), ...), with the name's own projector and not under a preset; the Python
+# API keeps the class's (plumage_adafactor: none, Adafactor's relative step). Until session 89 plumage_adafactor
+# pretrained at the library's 1e-3 there, 0.176 behind its 7e-3 and 0.087 behind GaLore's Adafactor recipe at its best
+# (llama_tiny, the plays, 8 x 64 tokens, 600 updates, seed 0). Its bracketed best below 2,048 tokens an update is 7e-3
+# at 600 updates and 3e-3 at 2000 and 5000 (the plays, the Python source, llama_35m's shape alike); 5e-3 is within
+# 0.012 of each (docs/results.md §3, sessions 81-86). From 2,048 tokens an update 1e-2 is its best at 300 updates of
+# 2,048 and 600 of 4,096 (5e-3 0.115 behind at 2,048, session 89; sessions 82-83); a long run there is unmeasured.
+# The draws (--projector plumage) want about twice that (1.4e-2 and 2.8e-2, sessions 42-43): pass --lr.
+PRETRAIN_BATCH_LR: dict[tuple[str, str], tuple[tuple[int, float], ...]] = {("plumage", "adafactor"): ((0, 5e-3),
+                                                                                                      (2048, 1e-2))}
+
+
 # A long run's share of that lr, as (from this many updates (--num_training_steps) up, factor): where the floor in
 # effect is m2 with its own warm-up, the lr above times the factor, at any batch. The warm-up damps each sign-steady
 # coordinate's step over its first ~1 / (1 − β2) = 1000 updates, and the lr that makes up for the damping costs in a
@@ -125,14 +138,14 @@ def _floor_in_effect(spec: OptimizerSpec, options: dict) -> str:
 
 def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_update: int,
                             preset: str | None = None, num_updates: int | None = None,
-                            grad_clipping: float = 0.0) -> float:
+                            grad_clipping: float = 0.0, projector: str | None = None) -> float:
     """The lr torchrun_main.py gives a name (under `preset`, with the low-rank `options` in effect, the derived
     v_floor included) at `tokens_per_update` for a run of `num_updates` when --lr is not given: PRETRAIN_LR's from its
     threshold up where the floor is m2 with its own warm-up, else recommended_lr (a preset keeps the lr it was measured
     with); times PRETRAIN_LONG_RUN_LR's factor from its number of updates up where m2's own warm-up is in effect, or
     no floor in a run that pretrains as a large batch for its length only (num_updates None: the run's length
     unknown, no factor); PRETRAIN_CLIPPED_LR's where the run clips the global norm (`grad_clipping` > 0) at its norm
-    or below."""
+    or below; else PRETRAIN_BATCH_LR's band at `tokens_per_update` where `projector` (--projector) is the name's own."""
     clipped_at, clipped_lr = PRETRAIN_CLIPPED_LR.get((spec.family, spec.backend), (None, None))
     if preset is None and clipped_at is not None and 0 < grad_clipping <= clipped_at:
         return clipped_lr
@@ -141,6 +154,9 @@ def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_updat
     threshold, lr = PRETRAIN_LR.get((spec.family, spec.backend), (None, None))
     if not (m2_own_warm_up and threshold is not None and tokens_per_update >= threshold):
         lr = recommended_lr(spec, preset)
+        if preset is None and projector in (None, spec.projector):
+            lr = next((band_lr for from_tokens, band_lr in reversed(PRETRAIN_BATCH_LR.get((spec.family, spec.backend), ()))
+                       if tokens_per_update >= from_tokens), lr)
     no_floor_for_its_length = floor == "none" and _large_batch_for_its_length_only(spec, tokens_per_update, num_updates)
     from_updates, factor = PRETRAIN_LONG_RUN_LR.get((spec.family, spec.backend), (None, 1.0))
     if ((m2_own_warm_up or no_floor_for_its_length) and from_updates is not None and num_updates is not None

@@ -26,6 +26,7 @@ from ..optimizers import (
 )
 from ..optimizers.options import BY_KEY, OPTIONS
 from ..optimizers.pretrain_defaults import (
+    PRETRAIN_BATCH_LR,
     PRETRAIN_BETA1,
     PRETRAIN_CLIPPED_LR,
     PRETRAIN_GRAD_CLIPPING,
@@ -87,8 +88,10 @@ def _recommended_lrs() -> str:
                for (family, backend), (updates, factor) in PRETRAIN_LONG_RUN_LR.items()]
     banded += [f"{family}_{backend} {lr:g} where --grad_clipping is at most {norm:g}"
                for (family, backend), (norm, lr) in PRETRAIN_CLIPPED_LR.items()]
+    banded += [f"{family}_{backend} {lr:g} from {tokens} tokens an update with its own projector"
+               for (family, backend), bands in PRETRAIN_BATCH_LR.items() for tokens, lr in bands]
     listed = (": " + _per_name(RECOMMENDED_LR) + f"; {DEFAULT_LR:g} otherwise") if RECOMMENDED_LR else f": {DEFAULT_LR:g}"
-    tables = "optimizers.PRETRAIN_LR, PRETRAIN_LONG_RUN_LR, PRETRAIN_CLIPPED_LR"
+    tables = "optimizers.PRETRAIN_LR, PRETRAIN_LONG_RUN_LR, PRETRAIN_CLIPPED_LR, PRETRAIN_BATCH_LR"
     return listed + (" (pretraining: " + ", ".join(banded) + "; " + tables + ")" if banded else "")
 
 
@@ -377,11 +380,12 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
 
 def _derive_lr(c: TrainConfig) -> None:
     """The lr the optimizer pretrains with at this many tokens an update, the floor in effect, the run's length and
-    the clip (optimizers.PRETRAIN_LR, else its recommended lr; PRETRAIN_LONG_RUN_LR; PRETRAIN_CLIPPED_LR), unless --lr
-    was given."""
+    the clip (optimizers.PRETRAIN_LR, else its recommended lr; PRETRAIN_LONG_RUN_LR; PRETRAIN_CLIPPED_LR;
+    PRETRAIN_BATCH_LR), unless --lr was given."""
     if c.lr is None:
         c.lr = recommended_pretrain_lr(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset,
-                                       num_updates=c.num_training_steps, grad_clipping=c.grad_clipping)
+                                       num_updates=c.num_training_steps, grad_clipping=c.grad_clipping,
+                                       projector=c.projector)
 
 
 def _derive_grad_clipping(c: TrainConfig) -> None:

@@ -358,6 +358,22 @@ def test_a_clipped_sgd_run_defaults_to_the_clipped_lr(argv, lr):
     assert parse_config([*SHORT_RUN, *argv]).lr == pytest.approx(lr)
 
 
+@pytest.mark.parametrize("argv, lr", [
+    (["--optimizer", "plumage_adafactor", "--max_length", "64"], 5e-3),  # 512 tokens: within 0.012 of 600-5000 updates' best
+    (["--optimizer", "plumage_adafactor_per_layer", "--max_length", "64"], 5e-3),
+    (["--optimizer", "plumage_adafactor"], 1e-2),  # 8 x 256 = 2,048 tokens an update (sessions 82, 89)
+    (["--optimizer", "plumage_adafactor", "--batch_size", "16"], 1e-2),  # 4,096 (session 83)
+    (["--optimizer", "plumage_adafactor", "--projector", "svd", "--max_length", "64"], 5e-3),  # its own, named
+    (["--optimizer", "plumage_adafactor", "--projector", "plumage"], 1e-3),  # the draws want ~2x: not guessed
+    (["--optimizer", "plumage_adafactor", "--lr", "3e-3"], 3e-3),  # a given lr wins
+    (["--optimizer", "galore_adafactor"], 1e-3),  # galore-torch's script's
+])
+def test_adafactor_pretrains_at_its_lr_for_the_batch(argv, lr):
+    """optimizers.PRETRAIN_BATCH_LR: plumage_adafactor with its own projector pretrains at 5e-3 below 2,048 tokens an
+    update and 1e-2 from there where --lr is not given (the library's 1e-3 until session 89, 0.176 behind)."""
+    assert parse_config([*SHORT_RUN, *argv]).lr == pytest.approx(lr)
+
+
 def test_a_resume_of_a_plain_sgd_run_names_the_momentum_it_ran_with():
     """A plumage_sgdm checkpoint written with the script's β1 0 (before session 89) resumes only as it ran: the conflict
     names the flag that restores it, and the lr it ran at."""
