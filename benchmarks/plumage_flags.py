@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from galore_plumage.optimizers import PRETRAIN_SAMPLE_UNTIL, optimizer_spec, recommended_regular_lr_ratio
+from galore_plumage.optimizers import (
+    PRETRAIN_BETA1,
+    PRETRAIN_GRAD_CLIPPING,
+    PRETRAIN_SAMPLE_UNTIL,
+    optimizer_spec,
+    recommended_regular_lr_ratio,
+)
 from galore_plumage.optimizers.options import BY_KEY
 
 # the paper's estimator; an arm names each option in this order (run_cache compares recorded commands)
@@ -34,14 +40,17 @@ def plumage_flags(**options) -> list[str]:
 # floor's warm-up to 200 updates (v_floor_horizon 200): a benchmark names it on every plumage_* arm (with_family_pins),
 # and a run recorded without these flags ran with these values (run_cache reads this table to reuse it).
 # Since session 77 a long run of plumage_adafactor draws over its first 1000 updates only (PRETRAIN_SAMPLE_UNTIL):
-# --sample_until none keeps an arm drawing throughout, as every run before it did.
-FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none", "--v_floor_horizon": "none", "--solver": "svd",
-               "--sample_until": "none", "--regular_lr_ratio": "1"}
+# --sample_until none keeps an arm drawing throughout, as every run before it did. Since session 88 plumage_sgdm
+# pretrains clipped at 1 (PRETRAIN_GRAD_CLIPPING), and since session 89 plumage_sgdm and plumage_adafactor at β1 0.9
+# (PRETRAIN_BETA1): an arm that names neither ran unclipped at the script's 0.
+FAMILY_PINS = {"--projector": "plumage", "--v_floor": "none", "--v_floor_horizon": "none", "--grad_clipping": "0",
+               "--beta1": "0", "--solver": "svd", "--sample_until": "none", "--regular_lr_ratio": "1"}
 
 
 def family_pins(optimizer: str, pretraining: bool = True) -> list[str]:
     """The flags that keep a plumage_* arm on PLUMAGE's projector without the floor (and m2's own warm-up where an arm
-    names the floor), refreshed by SVD, drawing throughout, at one lr ([] for other names); --v_floor and its horizon
+    names the floor), unclipped at β1 0, refreshed by SVD, drawing throughout, at one lr ([] for other names);
+    --grad_clipping and --beta1 only for torchrun_main.py and where the name derives them; --v_floor and its horizon
     only where the options table lets the backend take them (the others refuse the flags), --sample_until and the
     ratio only for torchrun_main.py (`pretraining`; run_glue.py has one lr and derives neither) and where the name
     derives them (a sample_until rule; a ratio other than 1)."""
@@ -51,9 +60,13 @@ def family_pins(optimizer: str, pretraining: bool = True) -> list[str]:
     floors = BY_KEY["v_floor"].applies(spec.backend, None) is None
     one_lr = pretraining and recommended_regular_lr_ratio(spec) != 1
     draws_throughout = pretraining and (spec.family, spec.backend) in PRETRAIN_SAMPLE_UNTIL
+    unclipped = pretraining and (spec.family, spec.backend) in PRETRAIN_GRAD_CLIPPING and not spec.per_layer
+    script_beta1 = pretraining and (spec.family, spec.backend) in PRETRAIN_BETA1
     return (["--projector", FAMILY_PINS["--projector"]]
             + (["--v_floor", FAMILY_PINS["--v_floor"], "--v_floor_horizon", FAMILY_PINS["--v_floor_horizon"]]
                if floors else [])
+            + (["--grad_clipping", FAMILY_PINS["--grad_clipping"]] if unclipped else [])
+            + (["--beta1", FAMILY_PINS["--beta1"]] if script_beta1 else [])
             + ["--solver", FAMILY_PINS["--solver"]]
             + (["--sample_until", FAMILY_PINS["--sample_until"]] if draws_throughout else [])
             + (["--regular_lr_ratio", FAMILY_PINS["--regular_lr_ratio"]] if one_lr else []))

@@ -92,6 +92,19 @@ def test_a_plumage_run_recorded_before_its_family_was_pinned_is_reused_only_at_t
     _finished(tmp_path / "d", draws)  # a run recorded before the pin drew throughout: reused under it
     assert run_or_reuse([*draws[:8], "--sample_until", "none", *draws[8:]], tmp_path / "d", _result, "d",
                         report_only=True) is not None
+    # the clip (plumage_sgdm since session 88, not per-layer) and β1 (plumage_sgdm and plumage_adafactor since session
+    # 89): only torchrun_main.py derives them; an SGD run recorded without either ran unclipped at momentum 0
+    assert family_pins("plumage_sgdm")[2:6] == ["--grad_clipping", "0", "--beta1", "0"]
+    assert family_pins("plumage_adafactor")[2:4] == ["--beta1", "0"]
+    assert "--grad_clipping" not in family_pins("plumage_sgdm_per_layer") + family_pins("plumage_adafactor")
+    assert not {"--grad_clipping", "--beta1"} & set(family_pins("plumage_sgdm", pretraining=False)
+                                                    + family_pins("plumage_adamw"))
+    plain = ["python", "torchrun_main.py", "--optimizer", "plumage_sgdm", "--lr", "0.07", "--save_dir", str(out)]
+    _finished(tmp_path / "s", plain)
+    assert run_or_reuse([*plain[:6], *family_pins("plumage_sgdm"), *plain[6:]], tmp_path / "s", _result, "s",
+                        report_only=True) is not None
+    assert run_or_reuse([*plain[:6], "--beta1", "0.9", *plain[6:]], tmp_path / "s", _result, "s",
+                        report_only=True) is None
 
 
 def _dead_pid() -> int:
