@@ -79,11 +79,14 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 
 
 # The peak lr torchrun_main.py pretrains a name with where --lr is not given and the global gradient norm is clipped
-# (--grad_clipping, given or PRETRAIN_GRAD_CLIPPING's), as (at this norm or below, lr); not under a preset. A clipped
-# step is bounded, and SGD momentum takes an lr ~10x the unclipped one: plumage_sgdm clipped at 1 (momentum 0.9) at
-# its best at 0.8, bracketed by 0.56 and 1.12, on llama_tiny at 8 x 64 tokens (600 updates) and at 8 x 256 (300
-# updates), where unclipped 0.07 is its best (its recommended_lr; docs/results.md §3, sessions 46, 88-89).
-PRETRAIN_CLIPPED_LR: dict[tuple[str, str], tuple[float, float]] = {("plumage", "sgdm"): (1.0, 0.8)}
+# (--grad_clipping, given or PRETRAIN_GRAD_CLIPPING's), as (at this norm or below, ((from this many updates up, lr),
+# ...)); not under a preset. A clipped step is bounded, and SGD momentum takes an lr ~10x the unclipped one:
+# plumage_sgdm clipped at 1 (momentum 0.9) is at its best at 0.8, bracketed by 0.56 and 1.12, on llama_tiny at 8 x 64
+# tokens (600 updates) and at 8 x 256 (300 updates), and at 0.56 at 2000 updates of 8 x 64 (0.8 0.089 behind, seed 0),
+# where unclipped 0.07 is its best (its recommended_lr; docs/results.md §3, sessions 46, 88-89). A run of unknown length
+# takes the first band.
+PRETRAIN_CLIPPED_LR: dict[tuple[str, str], tuple[float, tuple[tuple[int, float], ...]]] = {
+    ("plumage", "sgdm"): (1.0, ((0, 0.8), (2000, 0.56)))}
 
 
 # The peak lr torchrun_main.py pretrains a name with where --lr is not given and no table above gives one, as
@@ -140,15 +143,16 @@ def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_updat
                             preset: str | None = None, num_updates: int | None = None,
                             grad_clipping: float = 0.0, projector: str | None = None) -> float:
     """The lr torchrun_main.py gives a name (under `preset`, with the low-rank `options` in effect, the derived
-    v_floor included) at `tokens_per_update` for a run of `num_updates` when --lr is not given: PRETRAIN_LR's from its
-    threshold up where the floor is m2 with its own warm-up, else recommended_lr (a preset keeps the lr it was measured
-    with); times PRETRAIN_LONG_RUN_LR's factor from its number of updates up where m2's own warm-up is in effect, or
-    no floor in a run that pretrains as a large batch for its length only (num_updates None: the run's length
-    unknown, no factor); PRETRAIN_CLIPPED_LR's where the run clips the global norm (`grad_clipping` > 0) at its norm
-    or below; else PRETRAIN_BATCH_LR's band at `tokens_per_update` where `projector` (--projector) is the name's own."""
-    clipped_at, clipped_lr = PRETRAIN_CLIPPED_LR.get((spec.family, spec.backend), (None, None))
+    v_floor included) at `tokens_per_update` for a run of `num_updates` when --lr is not given: PRETRAIN_CLIPPED_LR's
+    band for `num_updates` where the run clips the global norm (`grad_clipping` > 0) at its norm or below; else
+    PRETRAIN_LR's from its threshold up where the floor is m2 with its own warm-up, else PRETRAIN_BATCH_LR's band at
+    `tokens_per_update` where `projector` (--projector) is the name's own, else recommended_lr (a preset keeps the lr it
+    was measured with); times PRETRAIN_LONG_RUN_LR's factor from its number of updates up where m2's own warm-up is in
+    effect, or no floor in a run that pretrains as a large batch for its length only (num_updates None: the run's
+    length unknown, no factor)."""
+    clipped_at, by_length = PRETRAIN_CLIPPED_LR.get((spec.family, spec.backend), (None, ()))
     if preset is None and clipped_at is not None and 0 < grad_clipping <= clipped_at:
-        return clipped_lr
+        return next(lr for from_updates, lr in reversed(by_length) if (num_updates or 0) >= from_updates)
     floor = None if preset is not None else _floor_in_effect(spec, options)
     m2_own_warm_up = floor == "m2" and options.get("v_floor_horizon") is None
     threshold, lr = PRETRAIN_LR.get((spec.family, spec.backend), (None, None))

@@ -86,8 +86,8 @@ def _recommended_lrs() -> str:
     banded += [f"{family}_{backend} x{factor:g} from {updates} updates while the floor is m2 with its own warm-up, "
                "or none where the run pretrains as a large batch for its length"
                for (family, backend), (updates, factor) in PRETRAIN_LONG_RUN_LR.items()]
-    banded += [f"{family}_{backend} {lr:g} where --grad_clipping is at most {norm:g}"
-               for (family, backend), (norm, lr) in PRETRAIN_CLIPPED_LR.items()]
+    banded += [f"{family}_{backend} {lr:g} from {updates} updates where --grad_clipping is at most {norm:g}"
+               for (family, backend), (norm, by_length) in PRETRAIN_CLIPPED_LR.items() for updates, lr in by_length]
     banded += [f"{family}_{backend} {lr:g} from {tokens} tokens an update with its own projector"
                for (family, backend), bands in PRETRAIN_BATCH_LR.items() for tokens, lr in bands]
     listed = (": " + _per_name(RECOMMENDED_LR) + f"; {DEFAULT_LR:g} otherwise") if RECOMMENDED_LR else f": {DEFAULT_LR:g}"
