@@ -95,7 +95,7 @@ PRETRAIN_CLIPPED_LR: dict[tuple[str, str], tuple[float, tuple[tuple[int, float],
 # pretrained at the library's 1e-3 there, 0.176 behind its 7e-3 and 0.087 behind GaLore's Adafactor recipe at its best
 # (llama_tiny, the plays, 8 x 64 tokens, 600 updates, seed 0). Its bracketed best below 2,048 tokens an update is 7e-3
 # at 600 updates and 3e-3 at 2000 and 5000 (the plays, the Python source, llama_35m's shape alike); 5e-3 is within
-# 0.012 of each (docs/results.md §3, sessions 81-86). From 2,048 tokens an update 1e-2 is its best at 300 updates of
+# 0.013 of it wherever it ran (docs/results.md §3, sessions 81-86). From 2,048 tokens an update 1e-2 is its best at 300 updates of
 # 2,048 and 600 of 4,096 (5e-3 0.115 behind at 2,048, session 89; sessions 82-83); a long run there is unmeasured.
 # The draws (--projector plumage) want about twice that (1.4e-2 and 2.8e-2, sessions 42-43): pass --lr.
 PRETRAIN_BATCH_LR: dict[tuple[str, str], tuple[tuple[int, float], ...]] = {("plumage", "adafactor"): ((0, 5e-3),
