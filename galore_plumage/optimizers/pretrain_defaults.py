@@ -39,8 +39,9 @@ def recommended_regular_lr_ratio(spec: OptimizerSpec, preset: str | None = None)
 # recipe is at its best at 0.07 unclipped; clipped at 1 both GaLore's basis and the draws are at their best at 0.8
 # (bracketed), where the draws lead GaLore's recipe by 0.40 and GaLore clipped alike by 0.036 (three seeds each, every
 # seed), and at the demo's flags (8 x 256 tokens, 300 updates), the draws at 0.8 again, GaLore's recipe by 0.32 (GaLore
-# clipped at 1.12 0.03 ahead of them there, seed 0; docs/results.md §3, session 88). Per-layer names have no global
-# norm (optimizers/layerwise.py), and a preset keeps what it was measured with: off.
+# clipped at its best there, 1.12, level with them, three seeds); over 2000 updates both at 0.56, the draws GaLore's
+# recipe by 0.24 and GaLore clipped alike by 0.019 (three seeds; docs/results.md §3, sessions 88-89). Per-layer names
+# have no global norm (optimizers/layerwise.py), and a preset keeps what it was measured with: off.
 PRETRAIN_GRAD_CLIPPING: dict[tuple[str, str], float] = {("plumage", "sgdm"): 1.0}
 
 
