@@ -83,11 +83,11 @@ PRETRAIN_LR: dict[tuple[str, str], tuple[int, float]] = {("plumage", "adamw"): (
 # (--grad_clipping, given or PRETRAIN_GRAD_CLIPPING's), as (at this norm or below, ((from this many updates up, lr),
 # ...)); not under a preset. A clipped step is bounded, and SGD momentum takes an lr ~10x the unclipped one:
 # plumage_sgdm clipped at 1 (momentum 0.9) is at its best at 0.8, bracketed by 0.56 and 1.12, on llama_tiny at 8 x 64
-# tokens (600 updates) and at 8 x 256 (300 updates), and at 0.56 at 2000 updates of 8 x 64 (0.8 0.089 behind, seed 0),
-# where unclipped 0.07 is its best (its recommended_lr; docs/results.md §3, sessions 46, 88-89). A run of unknown length
-# takes the first band.
+# tokens (600 updates) and at 8 x 256 (300 updates), and at 0.56 at 1000 and 2000 updates of 8 x 64 (0.8 0.038 and
+# 0.089 behind, seed 0; the same 0.7x from 1000 updates as plumage_adamw's PRETRAIN_LONG_RUN_LR), where unclipped 0.07
+# is its best (its recommended_lr; docs/results.md §3, sessions 46, 88-89). A run of unknown length takes the first band.
 PRETRAIN_CLIPPED_LR: dict[tuple[str, str], tuple[float, tuple[tuple[int, float], ...]]] = {
-    ("plumage", "sgdm"): (1.0, ((0, 0.8), (2000, 0.56)))}
+    ("plumage", "sgdm"): (1.0, ((0, 0.8), (1000, 0.56)))}
 
 
 # The peak lr torchrun_main.py pretrains a name with where --lr is not given and no table above gives one, as

@@ -344,8 +344,8 @@ def test_the_default_beta1_reaches_the_optimizer(name, key):
 
 @pytest.mark.parametrize("argv, lr", [
     (["--optimizer", "plumage_sgdm"], 0.8),  # clipped at 1 by default: the clipped lr (sessions 88-89)
-    (["--optimizer", "plumage_sgdm", "--num_training_steps", "2000"], 0.56),  # a long run's (session 89)
-    (["--optimizer", "plumage_sgdm", "--num_training_steps", "1999"], 0.8),
+    (["--optimizer", "plumage_sgdm", "--num_training_steps", "1000"], 0.56),  # a long run's (session 89)
+    (["--optimizer", "plumage_sgdm", "--num_training_steps", "999"], 0.8),
     (["--optimizer", "plumage_sgdm", "--grad_clipping", "0.5"], 0.8),  # a tighter clip bounds the step more
     (["--optimizer", "plumage_sgdm", "--grad_clipping", "0"], 0.07),  # unclipped: the class's lr (sessions 45-46)
     (["--optimizer", "plumage_sgdm", "--grad_clipping", "3"], 0.07),  # a looser clip binds on the first steps only
