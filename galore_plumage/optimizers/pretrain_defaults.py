@@ -140,6 +140,11 @@ def _floor_in_effect(spec: OptimizerSpec, options: dict) -> str:
     return options.get("v_floor", family_defaults(spec)["v_floor"])
 
 
+def _band(bands: tuple[tuple[int, float], ...], at: int, otherwise: float | None = None) -> float | None:
+    """The value of the last band of ((from this up, value), ...) that `at` has reached; `otherwise` before the first."""
+    return next((value for start, value in reversed(bands) if at >= start), otherwise)
+
+
 def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_update: int,
                             preset: str | None = None, num_updates: int | None = None,
                             grad_clipping: float = 0.0, projector: str | None = None) -> float:
@@ -153,15 +158,14 @@ def recommended_pretrain_lr(spec: OptimizerSpec, options: dict, tokens_per_updat
     length unknown, no factor)."""
     clipped_at, by_length = PRETRAIN_CLIPPED_LR.get((spec.family, spec.backend), (None, ()))
     if preset is None and clipped_at is not None and 0 < grad_clipping <= clipped_at:
-        return next(lr for from_updates, lr in reversed(by_length) if (num_updates or 0) >= from_updates)
+        return _band(by_length, num_updates or 0)
     floor = None if preset is not None else _floor_in_effect(spec, options)
     m2_own_warm_up = floor == "m2" and options.get("v_floor_horizon") is None
     threshold, lr = PRETRAIN_LR.get((spec.family, spec.backend), (None, None))
     if not (m2_own_warm_up and threshold is not None and tokens_per_update >= threshold):
         lr = recommended_lr(spec, preset)
         if preset is None and projector in (None, spec.projector):
-            lr = next((band_lr for from_tokens, band_lr in reversed(PRETRAIN_BATCH_LR.get((spec.family, spec.backend), ()))
-                       if tokens_per_update >= from_tokens), lr)
+            lr = _band(PRETRAIN_BATCH_LR.get((spec.family, spec.backend), ()), tokens_per_update, lr)
     no_floor_for_its_length = floor == "none" and _large_batch_for_its_length_only(spec, tokens_per_update, num_updates)
     from_updates, factor = PRETRAIN_LONG_RUN_LR.get((spec.family, spec.backend), (None, 1.0))
     if ((m2_own_warm_up or no_floor_for_its_length) and from_updates is not None and num_updates is not None
