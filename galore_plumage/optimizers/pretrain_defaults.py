@@ -1,7 +1,8 @@
 """What torchrun_main.py pretrains a name with where no flag says otherwise, as the fair protocol measured it
 (benchmarks/pretrain_protocol.py, docs/results.md §3): the lr and the regular group's lr ratio, the floor on Adam's
-second moment and its warm-up, and Fira's complement, each by tokens an update. training/config.py's resolve applies
-them; the Python API (the classes, build_optimizer, run_glue.py) keeps the classes' own settings."""
+second moment and its warm-up, Fira's complement, the clip and β1, each by tokens an update and the run's length.
+training/pretrain_settings.py applies them; the Python API (the classes, build_optimizer, run_glue.py) keeps the
+classes' own settings."""
 
 from __future__ import annotations
 

@@ -33,14 +33,6 @@ from ..optimizers.pretrain_defaults import (
     PRETRAIN_LONG_RUN_LR,
     PRETRAIN_LR,
     PRETRAIN_REGULAR_LR_RATIO,
-    recommended_beta1,
-    recommended_grad_clipping,
-    recommended_pretrain_lr,
-    recommended_regular_lr_ratio,
-    recommended_residual,
-    recommended_sample_until,
-    recommended_v_floor,
-    recommended_v_floor_horizon,
 )
 from ..optimizers.registry import (
     DEFAULT_LR,
@@ -53,6 +45,7 @@ from ..optimizers.registry import (
 )
 from ..projectors import list_projectors
 from ..projectors.modes import PROJ_TYPES
+from .pretrain_settings import fill_pretrain_settings
 from .run_folder import check_save_dir
 from .trackers import REPORT_TO
 
@@ -298,18 +291,11 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
         c.eval_tokens = LOCAL_EVAL_TOKENS if c.dataset == BUNDLED or is_local_file(c.dataset) else STREAMED_EVAL_TOKENS
     _check_numbers(c)
     _check_combinations(c, world_size)
-    _derive_grad_clipping(c)
-    _derive_beta1(c)
     _derive_batch(c, world_size)
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
         c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
-    _derive_v_floor(c)  # the floor, its warm-up and the complement by the batch and the run's length, then the lr by them
-    _derive_v_floor_horizon(c)
-    _derive_residual(c)
-    _derive_sample_until(c)
-    _derive_lr(c)
-    _derive_regular_lr(c)
+    fill_pretrain_settings(c)  # read the batch and the run's length
     if c.warmup_steps >= c.num_training_steps and c.scheduler != "constant":
         raise ValueError(f"--warmup_steps {c.warmup_steps} leaves no room for the {c.scheduler} decay in "
                          f"{c.num_training_steps} updates; lower it (10% of the run is usual)")
@@ -376,78 +362,6 @@ def _check_combinations(c: TrainConfig, world_size: int) -> None:
     if per_layer and world_size > 1:
         raise ValueError(f"--optimizer {c.optimizer} steps each weight inside its gradient hook, before DDP has "
                          f"all-reduced that gradient; run it on one process (--single_gpu), not {world_size}")
-
-
-def _derive_lr(c: TrainConfig) -> None:
-    """The lr the optimizer pretrains with at this many tokens an update, the floor in effect, the run's length and
-    the clip (optimizers.PRETRAIN_LR, else its recommended lr; PRETRAIN_LONG_RUN_LR; PRETRAIN_CLIPPED_LR;
-    PRETRAIN_BATCH_LR), unless --lr was given."""
-    if c.lr is None:
-        c.lr = recommended_pretrain_lr(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset,
-                                       num_updates=c.num_training_steps, grad_clipping=c.grad_clipping,
-                                       projector=c.projector)
-
-
-def _derive_grad_clipping(c: TrainConfig) -> None:
-    """The global gradient norm the optimizer pretrains with (optimizers.PRETRAIN_GRAD_CLIPPING), unless
-    --grad_clipping was given."""
-    if c.grad_clipping is None:
-        c.grad_clipping = recommended_grad_clipping(optimizer_spec(c.optimizer), c.preset)
-
-
-def _derive_beta1(c: TrainConfig) -> None:
-    """Adafactor's β1 / SGD's momentum the optimizer pretrains with (optimizers.PRETRAIN_BETA1), unless --beta1 was
-    given."""
-    if c.beta1 is None:
-        c.beta1 = recommended_beta1(optimizer_spec(c.optimizer))
-
-
-def _derive_regular_lr(c: TrainConfig) -> None:
-    """regular_lr from --regular_lr_ratio (or the optimizer's recommended ratio) x lr, unless given; one lr stays None:
-    build_optimizer's single lr, as GaLore's script."""
-    if c.regular_lr is not None:
-        return
-    ratio = c.regular_lr_ratio
-    if ratio is None:
-        ratio = recommended_regular_lr_ratio(optimizer_spec(c.optimizer), c.preset)
-    if ratio != 1 and c.lr > 0:
-        c.regular_lr = ratio * c.lr
-
-
-def _derive_v_floor(c: TrainConfig) -> None:
-    """No floor where the optimizer pretrains without one at this many tokens an update and this run's length
-    (optimizers.PRETRAIN_NO_FLOOR_FROM_TOKENS, PRETRAIN_LONG_RUN_LARGE_BATCH), into the options unless --v_floor or
-    --v_floor_horizon was given."""
-    floor = recommended_v_floor(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset,
-                                num_updates=c.num_training_steps)
-    if floor is not None:
-        c.low_rank = {**c.low_rank, "v_floor": floor}
-
-
-def _derive_v_floor_horizon(c: TrainConfig) -> None:
-    """The floor's warm-up the optimizer pretrains with at this many tokens an update (optimizers.PRETRAIN_V_FLOOR_HORIZON,
-    from its threshold up), into the options unless --v_floor_horizon was given (as 'none' too)."""
-    if "v_floor_horizon" not in c.low_rank:
-        horizon = recommended_v_floor_horizon(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update, c.preset)
-        if horizon is not None:
-            c.low_rank = {**c.low_rank, "v_floor_horizon": horizon}
-
-
-def _derive_residual(c: TrainConfig) -> None:
-    """The complement the optimizer pretrains with at this many tokens an update and this run's length
-    (optimizers.PRETRAIN_COMPLEMENT, PRETRAIN_LONG_RUN_LARGE_BATCH), into the options unless a residual flag was
-    given."""
-    c.low_rank = {**c.low_rank, **recommended_residual(optimizer_spec(c.optimizer), c.low_rank, c.tokens_per_update,
-                                                       c.preset, num_updates=c.num_training_steps)}
-
-
-def _derive_sample_until(c: TrainConfig) -> None:
-    """PLUMAGE's draws over a long run's first updates only where the optimizer pretrains so at this run's length
-    (optimizers.PRETRAIN_SAMPLE_UNTIL), into the options unless --sample_until was given."""
-    until = recommended_sample_until(optimizer_spec(c.optimizer), c.low_rank, c.projector, c.preset,
-                                     num_updates=c.num_training_steps)
-    if until is not None:
-        c.low_rank = {**c.low_rank, "sample_until": until}
 
 
 def _derive_batch(c: TrainConfig, world_size: int) -> None:
