@@ -295,7 +295,7 @@ def resolve(config: TrainConfig, world_size: int = 1, cuda_bf16: bool = False) -
     if c.max_train_tokens is not None:
         # GaLore divided by the batch size in sequences, not tokens; an update holds total_batch_size x max_length
         c.num_training_steps = max(1, math.ceil(c.max_train_tokens / c.tokens_per_update))
-    fill_pretrain_settings(c)  # read the batch and the run's length
+    fill_pretrain_settings(c)  # they read the batch and the run's length: after both
     if c.warmup_steps >= c.num_training_steps and c.scheduler != "constant":
         raise ValueError(f"--warmup_steps {c.warmup_steps} leaves no room for the {c.scheduler} decay in "
                          f"{c.num_training_steps} updates; lower it (10% of the run is usual)")
